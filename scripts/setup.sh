@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Set-up: a virtual environment in .venv with the CPU build of PyTorch installed first
+# (a bare `torch` requirement would pull several GB of CUDA packages), then posenc with
+# its test dependencies. Reuses an existing .venv.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m venv .venv
+. .venv/bin/activate
+python -m pip install --quiet --upgrade pip
+if ! python -c "import torch" 2>/dev/null; then
+  # The CPU wheel; elsewhere add: --index-url https://download.pytorch.org/whl/cpu
+  python -m pip install --quiet "torch==2.13.0" ${POSENC_TORCH_INDEX:+--index-url "$POSENC_TORCH_INDEX"}
+fi
+python -m pip install --quiet -e ".[test]"
+python -c "import torch, posenc; print('posenc', posenc.__version__, 'torch', torch.__version__)"

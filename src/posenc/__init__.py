@@ -1,0 +1,23 @@
+"""posenc: positional encodings for transformers, exact, fast and explained.
+
+Public API re-exports only; see each module for shapes, formulas and citations.
+"""
+
+from posenc.base import Compose, PositionalEncoding, Site, available, build, info, register
+from posenc.encodings import NoPE, SinusoidalPositionalEncoding, sinusoidal_table
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Compose",
+    "NoPE",
+    "PositionalEncoding",
+    "SinusoidalPositionalEncoding",
+    "Site",
+    "__version__",
+    "available",
+    "build",
+    "info",
+    "register",
+    "sinusoidal_table",
+]

@@ -1,0 +1,104 @@
+"""Input validation shared by every public entry point.
+
+Every check raises ``ValueError`` (bad value) or ``TypeError`` (bad type) with a
+message that names the argument and the offending value, never ``assert``.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+from torch import Tensor
+
+
+def check_int(name: str, value: object, *, minimum: int = 1) -> int:
+    """Return ``value`` as an int after checking it is an integer ``>= minimum``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def check_even(name: str, value: object) -> int:
+    """Return ``value`` after checking it is a positive even integer."""
+    value = check_int(name, value)
+    if value % 2:
+        raise ValueError(f"{name} must be even, got {value}")
+    return value
+
+
+def check_float(
+    name: str, value: object, *, positive: bool = False, minimum: float | None = None
+) -> float:
+    """Return ``value`` as a finite float, optionally ``> 0`` or ``>= minimum``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {value!r} ({type(value).__name__})")
+    value = float(value)
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError(f"{name} must be finite, got {value}")
+    if positive and value <= 0:
+        raise ValueError(f"{name} must be > 0, got {value}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def check_probability(name: str, value: object) -> float:
+    """Return ``value`` after checking it lies in [0, 1) (a dropout rate)."""
+    value = check_float(name, value, minimum=0.0)
+    if value >= 1.0:
+        raise ValueError(f"{name} must be in [0, 1), got {value}")
+    return value
+
+
+def check_tensor(name: str, x: object, *, ndim: int | tuple[int, ...] | None = None) -> Tensor:
+    """Check ``x`` is a floating-point tensor with ``ndim`` dimensions."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not (x.is_floating_point() or x.is_complex()):
+        raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+    if ndim is not None:
+        allowed = (ndim,) if isinstance(ndim, int) else ndim
+        if x.dim() not in allowed:
+            want = " or ".join(str(n) for n in allowed)
+            raise ValueError(f"{name} must have {want} dimensions, got shape {tuple(x.shape)}")
+    return x
+
+
+def resolve_positions(
+    positions: Tensor | None,
+    seq_len: int,
+    *,
+    batch: int | None = None,
+    device: torch.device | str | None = None,
+    name: str = "positions",
+) -> Tensor:
+    """Return explicit positions ``[T]`` or ``[B, T]`` for a sequence of ``seq_len``.
+
+    ``None`` means ``arange(seq_len)``. Integer and floating positions are accepted
+    (floating positions serve interpolation); a ``[B, T]`` tensor must match
+    ``batch`` when it is given. Positions are never cast to a low-precision dtype.
+    """
+    if positions is None:
+        return torch.arange(seq_len, device=device)
+    if not isinstance(positions, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(positions).__name__}")
+    if positions.is_complex() or positions.dtype == torch.bool:
+        raise TypeError(f"{name} must hold integer or real values, got dtype {positions.dtype}")
+    if positions.dtype in (torch.float16, torch.bfloat16):
+        raise TypeError(
+            f"{name} must not be {positions.dtype}: positions above 256 are not exact in it; "
+            "pass integer or float32/float64 positions"
+        )
+    if positions.dim() not in (1, 2) or positions.shape[-1] != seq_len:
+        raise ValueError(
+            f"{name} must have shape [T] or [B, T] with T = {seq_len}, "
+            f"got shape {tuple(positions.shape)}"
+        )
+    if positions.dim() == 2 and batch is not None and positions.shape[0] not in (1, batch):
+        raise ValueError(
+            f"{name} has batch size {positions.shape[0]}, but the input has batch size {batch}"
+        )
+    return positions

@@ -1,0 +1,224 @@
+"""The one abstraction: a positional encoding acts at one or more *sites*.
+
+Shape letters used throughout posenc: ``B`` batch, ``H`` query heads, ``Hkv`` key/value
+heads, ``T`` length (``Tq`` queries, ``Tk`` keys), ``D`` head_dim, ``C`` d_model.
+
+======== ============================================================ =====================
+site     hook                                                         examples
+======== ============================================================ =====================
+INPUT    ``embed(x [B, T, C], positions) -> [B, T, C]``               sinusoidal, learned
+QK       ``rotate(q [B, H, Tq, D], k [B, Hkv, Tk, D], q_pos, k_pos)`` RoPE, xPos
+SCORE    ``score_bias(q, k, q_pos, k_pos) -> [B|1, H, Tq, Tk]``       ALiBi, T5, FIRE, CoPE
+VALUE    ``value_term(probs [B, H, Tq, Tk], q_pos, k_pos) -> [B, H, Tq, D]``  Shaw (values)
+======== ============================================================ =====================
+
+Positions are always explicit tensors of shape ``[T]`` or ``[B, T]`` (integer or float,
+never bf16/fp16). ``MultiHeadAttention`` calls the hooks and never needs to know which
+encoding it holds; for KV-cache decoding ``rotate`` sees only the new keys (cached keys
+are stored already rotated), while ``score_bias`` and ``value_term`` see every cached
+key (``k`` expanded to ``H`` heads) and may be called once per query block.
+"""
+
+from __future__ import annotations
+
+import enum
+import inspect
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import ClassVar, TypeVar
+
+from torch import Tensor, nn
+
+__all__ = [
+    "Compose",
+    "EncodingInfo",
+    "PositionalEncoding",
+    "Site",
+    "available",
+    "build",
+    "info",
+    "register",
+]
+
+
+class Site(enum.Flag):
+    """Where an encoding acts inside attention (combinable: ``Site.QK | Site.SCORE``)."""
+
+    NONE = 0
+    INPUT = enum.auto()
+    QK = enum.auto()
+    SCORE = enum.auto()
+    VALUE = enum.auto()
+
+    def names(self) -> list[str]:
+        """Lower-case names of the member sites, in hook order."""
+        return [s.name.lower() for s in (Site.INPUT, Site.QK, Site.SCORE, Site.VALUE) if s & self]
+
+
+class PositionalEncoding(nn.Module):
+    """Base class of every encoding. Subclasses set ``sites`` and override its hooks.
+
+    The default hooks are identities (``embed``, ``rotate``) or ``None`` (``score_bias``,
+    ``value_term``), so an encoding only writes the hooks of its own sites.
+
+    Class attributes:
+        sites: the sites the encoding acts at.
+        causal_only: True when the encoding is only defined under a causal mask (CoPE).
+    """
+
+    sites: ClassVar[Site] = Site.NONE
+    causal_only: ClassVar[bool] = False
+
+    def embed(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
+        """INPUT site: ``x [B, T, C]`` with ``positions [T] | [B, T]`` -> ``[B, T, C]``."""
+        return x
+
+    def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+        """QK site: transform ``q [B, H, Tq, D]`` and ``k [B, Hkv, Tk, D]``."""
+        return q, k
+
+    def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
+        """SCORE site: additive logits bias ``[B|1, H, Tq, Tk]`` (None: no bias).
+
+        ``q [B, H, Tq, D]`` and ``k [B, H, Tk, D]`` are the (already rotated, scaled by
+        nothing) queries and keys, for encodings whose bias depends on content.
+        """
+        return None
+
+    def value_term(self, probs: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
+        """VALUE site: a term ``[B, H, Tq, D]`` added to ``probs @ v`` (None: nothing)."""
+        return None
+
+    def extra_repr(self) -> str:
+        return f"sites={'|'.join(self.sites.names()) or 'none'}"
+
+
+class Compose(PositionalEncoding):
+    """Several encodings at once, e.g. ``Compose([RotaryEmbedding(64), ALiBi(8)])``.
+
+    Hooks are applied in list order: ``embed`` and ``rotate`` chain, score biases and
+    value terms add up.
+    """
+
+    def __init__(self, encodings: Iterable[PositionalEncoding]) -> None:
+        super().__init__()
+        encodings = list(encodings)
+        for i, enc in enumerate(encodings):
+            if not isinstance(enc, PositionalEncoding):
+                raise TypeError(
+                    f"Compose expects PositionalEncoding modules, item {i} is {type(enc).__name__}"
+                )
+        if not encodings:
+            raise ValueError("Compose needs at least one encoding, got an empty list")
+        self.encodings = nn.ModuleList(encodings)
+
+    @property
+    def sites(self) -> Site:  # type: ignore[override]
+        out = Site.NONE
+        for enc in self.encodings:
+            out |= enc.sites
+        return out
+
+    @property
+    def causal_only(self) -> bool:  # type: ignore[override]
+        return any(enc.causal_only for enc in self.encodings)
+
+    def embed(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
+        for enc in self.encodings:
+            if enc.sites & Site.INPUT:
+                x = enc.embed(x, positions)
+        return x
+
+    def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+        for enc in self.encodings:
+            if enc.sites & Site.QK:
+                q, k = enc.rotate(q, k, q_pos, k_pos)
+        return q, k
+
+    def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
+        return _sum_terms(e.score_bias(q, k, q_pos, k_pos) for e in self._at(Site.SCORE))
+
+    def value_term(self, probs: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
+        return _sum_terms(e.value_term(probs, q_pos, k_pos) for e in self._at(Site.VALUE))
+
+    def _at(self, site: Site) -> list[PositionalEncoding]:
+        return [enc for enc in self.encodings if enc.sites & site]
+
+
+def _sum_terms(terms: Iterable[Tensor | None]) -> Tensor | None:
+    total = None
+    for term in terms:
+        if term is not None:
+            total = term if total is None else total + term
+    return total
+
+
+# --------------------------------------------------------------------------- registry
+
+
+@dataclass(frozen=True)
+class EncodingInfo:
+    """What ``posenc list`` shows about one registered encoding."""
+
+    name: str
+    cls: type[PositionalEncoding]
+    paper: str
+    description: str
+
+    @property
+    def sites(self) -> Site:
+        return self.cls.sites
+
+
+_REGISTRY: dict[str, EncodingInfo] = {}
+
+#: Keyword arguments ``build`` drops when the encoding's constructor does not take them,
+#: so that one call can build any encoding for a given model shape.
+CONTEXT_KEYS = frozenset({"d_model", "num_heads", "head_dim", "max_len", "causal"})
+
+E = TypeVar("E", bound=type[PositionalEncoding])
+
+
+def register(name: str, *, paper: str, description: str) -> Callable[[E], E]:
+    """Class decorator: make an encoding buildable by ``posenc.build(name)``."""
+
+    def deco(cls: E) -> E:
+        if name in _REGISTRY and _REGISTRY[name].cls is not cls:
+            raise ValueError(f"encoding name {name!r} is already registered")
+        _REGISTRY[name] = EncodingInfo(name, cls, paper, description)
+        return cls
+
+    return deco
+
+
+def available() -> list[str]:
+    """Names of every registered encoding, sorted."""
+    return sorted(_REGISTRY)
+
+
+def info(name: str) -> EncodingInfo:
+    """Registry entry for ``name``; unknown names raise ``ValueError`` listing the known."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown encoding {name!r}; known encodings: {', '.join(available())}"
+        ) from None
+
+
+def build(name: str, **kwargs: object) -> PositionalEncoding:
+    """Build a registered encoding by name.
+
+    Model-shape keywords (``d_model``, ``num_heads``, ``head_dim``, ``max_len``,
+    ``causal``) are passed only to constructors that accept them, so
+    ``build(name, d_model=256, num_heads=4, head_dim=64, max_len=128)`` works for every
+    name. Any other keyword goes to the constructor as given.
+
+    Raises:
+        ValueError: unknown ``name`` (the message lists the known ones).
+    """
+    cls = info(name).cls
+    params = inspect.signature(cls.__init__).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    kept = {k: v for k, v in kwargs.items() if k not in CONTEXT_KEYS or k in params or takes_any}
+    return cls(**kept)

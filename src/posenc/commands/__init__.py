@@ -1,0 +1,1 @@
+"""Subcommands of the ``posenc`` command line, one module each (see ``posenc.cli``)."""

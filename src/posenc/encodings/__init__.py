@@ -1,0 +1,6 @@
+"""One module per encoding family; importing this package registers all of them."""
+
+from posenc.encodings.nope import NoPE
+from posenc.encodings.sinusoidal import SinusoidalPositionalEncoding, sinusoidal_table
+
+__all__ = ["NoPE", "SinusoidalPositionalEncoding", "sinusoidal_table"]

@@ -1,0 +1,27 @@
+"""NoPE: no positional encoding at all (Kazemnejad et al. 2023, "The Impact of
+Positional Encoding on Length Generalization in Transformers").
+
+A causal decoder can still infer position from the mask alone; NoPE is the baseline every
+other encoding is compared against.
+"""
+
+from __future__ import annotations
+
+from posenc.base import PositionalEncoding, Site, register
+
+__all__ = ["NoPE"]
+
+
+@register(
+    "nope",
+    paper="Kazemnejad et al. 2023, The Impact of Positional Encoding on Length Generalization",
+    description="no positional signal; a causal mask alone lets the model infer order",
+)
+class NoPE(PositionalEncoding):
+    """The identity encoding: every hook leaves its input unchanged."""
+
+    sites = Site.NONE
+
+    def forward(self, x):  # noqa: D401 - identity for symmetry with the other modules
+        """Return ``x`` unchanged."""
+        return x
