@@ -22,6 +22,6 @@ class NoPE(PositionalEncoding):
 
     sites = Site.NONE
 
-    def forward(self, x):  # noqa: D401 - identity for symmetry with the other modules
+    def forward(self, x):
         """Return ``x`` unchanged."""
         return x

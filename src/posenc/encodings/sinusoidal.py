@@ -17,8 +17,14 @@ import threading
 import torch
 from torch import Tensor, nn
 
-from posenc._checks import check_even, check_float, check_int, check_probability, check_tensor
-from posenc._checks import resolve_positions
+from posenc._checks import (
+    check_even,
+    check_float,
+    check_int,
+    check_probability,
+    check_tensor,
+    resolve_positions,
+)
 from posenc.base import PositionalEncoding, Site, register
 
 __all__ = ["SinusoidalPositionalEncoding", "sinusoidal_table"]
