@@ -4,12 +4,18 @@ Public API re-exports only; see each module for shapes, formulas and citations.
 """
 
 from posenc.base import Compose, PositionalEncoding, Site, available, build, info, register
-from posenc.encodings import NoPE, SinusoidalPositionalEncoding, sinusoidal_table
+from posenc.encodings import (
+    LearnedPositionalEncoding,
+    NoPE,
+    SinusoidalPositionalEncoding,
+    sinusoidal_table,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Compose",
+    "LearnedPositionalEncoding",
     "NoPE",
     "PositionalEncoding",
     "SinusoidalPositionalEncoding",

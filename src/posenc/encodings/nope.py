@@ -2,10 +2,12 @@
 Positional Encoding on Length Generalization in Transformers").
 
 A causal decoder can still infer position from the mask alone; NoPE is the baseline every
-other encoding is compared against.
+other encoding is compared against. Shapes: ``B`` batch, ``T`` length, ``C`` d_model.
 """
 
 from __future__ import annotations
+
+from torch import Tensor
 
 from posenc.base import PositionalEncoding, Site, register
 
@@ -22,6 +24,6 @@ class NoPE(PositionalEncoding):
 
     sites = Site.NONE
 
-    def forward(self, x):
-        """Return ``x`` unchanged."""
+    def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
+        """Return ``x [B, T, C]`` unchanged (``positions`` are accepted and ignored)."""
         return x

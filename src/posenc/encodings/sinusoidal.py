@@ -5,9 +5,10 @@ Need", section 3.5).
     PE[p, 2i + 1] = cos(p * w_i),      w_i = base ** (-2i / C)
 
 Shapes: ``B`` batch, ``T`` length, ``C`` d_model. The table is computed in float64 from
-the formula (angles never in the input's dtype), cached per device in float32 and grown
-when a longer sequence arrives; it is not a buffer, so ``module.to(torch.bfloat16)``
-cannot degrade it.
+the formula (angles never in the input's dtype), cached per device in float32 (float64
+for float64 inputs) and grown when a longer sequence arrives; it is not a buffer, so
+``module.to(torch.bfloat16)`` cannot degrade it. The addition happens in the input's dtype
+with the table cast once.
 """
 
 from __future__ import annotations
@@ -74,40 +75,54 @@ class SinusoidalPositionalEncoding(PositionalEncoding):
         self.max_len = check_int("max_len", max_len)
         self.base = check_float("base", base, positive=True)
         self.dropout = nn.Dropout(check_probability("dropout", dropout))
-        self._tables: dict[torch.device, Tensor] = {}
+        self._tables: dict[tuple[torch.device, torch.dtype], Tensor] = {}
         self._lock = threading.Lock()
 
-    def table(self, seq_len: int, device: torch.device | str | None = None) -> Tensor:
-        """The float32 table ``[seq_len, C]`` for positions ``0 .. seq_len - 1`` (cached)."""
+    def table(
+        self,
+        seq_len: int,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> Tensor:
+        """The table ``[seq_len, C]`` for positions ``0 .. seq_len - 1`` (cached).
+
+        ``dtype`` is float32 or float64 (the two precisions cached); other dtypes get
+        the float32 table cast once.
+        """
+        seq_len = check_int("seq_len", seq_len, minimum=0)
+        if dtype not in (torch.float32, torch.float64):
+            return self.table(seq_len, device).to(dtype)
         device = torch.device(device or "cpu")
-        cached = self._tables.get(device)
+        key = (device, dtype)
+        cached = self._tables.get(key)
         if cached is None or cached.shape[0] < seq_len:
             with self._lock:
-                cached = self._tables.get(device)
+                cached = self._tables.get(key)
                 if cached is None or cached.shape[0] < seq_len:
                     length = max(
                         seq_len, self.max_len, 2 * (cached.shape[0] if cached is not None else 0)
                     )
                     positions = torch.arange(length, device=device)
-                    cached = sinusoidal_table(positions, self.d_model, base=self.base)
-                    self._tables[device] = cached  # swap in a new tensor, never mutate
+                    cached = sinusoidal_table(positions, self.d_model, base=self.base, dtype=dtype)
+                    self._tables[key] = cached  # swap in a new tensor, never mutate
         return cached[:seq_len]
 
-    def encoding(self, positions: Tensor) -> Tensor:
-        """Encodings ``[..., C]`` (float32) for integer or float ``positions [...]``."""
+    def encoding(self, positions: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+        """Encodings ``[..., C]`` in ``dtype`` for integer or float ``positions [...]``."""
         if positions.is_floating_point() or positions.numel() == 0 or positions.min() < 0:
-            return sinusoidal_table(positions, self.d_model, base=self.base)
-        return self.table(int(positions.max()) + 1, positions.device)[positions]
+            return sinusoidal_table(positions, self.d_model, base=self.base, dtype=dtype)
+        return self.table(int(positions.max()) + 1, positions.device, dtype)[positions]
 
     def embed(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
         check_tensor("x", x, ndim=3)
         if x.shape[-1] != self.d_model:
             raise ValueError(f"x has last dimension {x.shape[-1]}, expected d_model={self.d_model}")
+        dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
         if positions is None:
-            pe = self.table(x.shape[1], x.device)  # [T, C]
+            pe = self.table(x.shape[1], x.device, dtype)  # [T, C]
         else:
             positions = resolve_positions(positions, x.shape[1], batch=x.shape[0])
-            pe = self.encoding(positions.to(x.device))  # [T, C] or [B, T, C]
+            pe = self.encoding(positions.to(x.device), dtype)  # [T, C] or [B, T, C]
         return self.dropout(torch.add(x, pe.to(x.dtype)))
 
     def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
