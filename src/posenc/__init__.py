@@ -3,6 +3,7 @@
 Public API re-exports only; see each module for shapes, formulas and citations.
 """
 
+from posenc.attention import MultiHeadAttention
 from posenc.base import Compose, PositionalEncoding, Site, available, build, info, register
 from posenc.encodings import (
     LearnedPositionalEncoding,
@@ -10,12 +11,15 @@ from posenc.encodings import (
     SinusoidalPositionalEncoding,
     sinusoidal_table,
 )
+from posenc.kv_cache import KVCache
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Compose",
+    "KVCache",
     "LearnedPositionalEncoding",
+    "MultiHeadAttention",
     "NoPE",
     "PositionalEncoding",
     "SinusoidalPositionalEncoding",
