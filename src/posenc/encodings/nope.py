@@ -24,6 +24,9 @@ class NoPE(PositionalEncoding):
 
     sites = Site.NONE
 
+    def __init__(self) -> None:  # explicit: ``build`` passes only the keywords it takes
+        super().__init__()
+
     def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
         """Return ``x [B, T, C]`` unchanged (``positions`` are accepted and ignored)."""
         return x
