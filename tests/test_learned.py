@@ -87,11 +87,17 @@ def test_gradient_with_b_identical_upstreams_is_b_times_single():
 def test_low_precision_input_matches_reference(dtype):
     module, ref = pair(16, 8)
     module.float()
-    x = torch.randn(2, 12, 8, generator=torch.Generator().manual_seed(3)).to(dtype)
+    gen = torch.Generator().manual_seed(3)
+    x, grad = torch.randn(2, 2, 12, 8, generator=gen).to(dtype)
     out = module(x)
-    assert out.dtype == dtype
+    out.backward(grad)
+    assert out.dtype == dtype and module.weight.grad.dtype == torch.float32
     expected = torch.from_numpy(ref.forward(x.double().numpy()))
+    ref.backward(grad.double().numpy())
     torch.testing.assert_close(out.double(), expected, **tolerances(dtype))
+    torch.testing.assert_close(
+        module.weight.grad.double(), torch.from_numpy(ref.grad_embedding), **tolerances(dtype)
+    )
 
 
 def test_to_bfloat16_converts_the_parameter_and_still_matches():
