@@ -14,6 +14,8 @@ from posenc import LearnedPositionalEncoding
 from posenc.reference import LearnedPositionalEncoding as RefLearned
 from posenc.reference import interpolate_table
 
+TIGHT = {"rtol": 1e-12, "atol": 1e-12}
+
 
 def pair(
     max_len: int, d_model: int, *, seed: int = 0, **kwargs
@@ -46,11 +48,9 @@ def test_float64_forward_and_autograd_match_reference(positions):
     rng = np.random.default_rng(1)
     x, grad = rng.standard_normal((2, 5, 6)), rng.standard_normal((2, 5, 6))
     (out, dx), (ref_out, ref_dx) = run_both(module, ref, x, grad, positions)
-    np.testing.assert_allclose(out, ref_out, rtol=1e-12, atol=1e-12)
-    np.testing.assert_allclose(dx, ref_dx, rtol=1e-12, atol=1e-12)
-    np.testing.assert_allclose(
-        module.weight.grad.numpy(), ref.grad_embedding, rtol=1e-12, atol=1e-12
-    )
+    np.testing.assert_allclose(out, ref_out, **TIGHT)
+    np.testing.assert_allclose(dx, ref_dx, **TIGHT)
+    np.testing.assert_allclose(module.weight.grad.numpy(), ref.grad_embedding, **TIGHT)
 
 
 @given(
@@ -65,10 +65,8 @@ def test_float64_matches_reference_for_any_size(max_len, d_model, batch, data):
     rng = np.random.default_rng(max_len)
     x, grad = rng.standard_normal((2, batch, length, d_model))
     (out, _), (ref_out, _) = run_both(module, ref, x, grad)
-    np.testing.assert_allclose(out, ref_out, rtol=1e-12, atol=1e-12)
-    np.testing.assert_allclose(
-        module.weight.grad.numpy(), ref.grad_embedding, rtol=1e-12, atol=1e-12
-    )
+    np.testing.assert_allclose(out, ref_out, **TIGHT)
+    np.testing.assert_allclose(module.weight.grad.numpy(), ref.grad_embedding, **TIGHT)
 
 
 def test_gradient_with_b_identical_upstreams_is_b_times_single():
@@ -137,16 +135,14 @@ def test_interpolate_matches_reference_table_and_gradient():
     module(x).backward(grad)
     weights = interpolate_table(np.eye(6), length)  # [length, 6]: the linear map of the resampling
     expected = weights.T @ grad.sum(0).numpy()
-    np.testing.assert_allclose(module.weight.grad.numpy(), expected, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(module.weight.grad.numpy(), expected, **TIGHT)
 
 
 def test_interpolate_with_explicit_positions_stretches_to_the_largest():
     module, ref = pair(4, 2, beyond="interpolate")
     positions = torch.tensor([0, 5, 9])
     out = module(torch.zeros(1, 3, 2, dtype=torch.float64), positions)
-    np.testing.assert_allclose(
-        out[0].detach().numpy(), ref.interpolated(10)[[0, 5, 9]], rtol=1e-12, atol=1e-12
-    )
+    np.testing.assert_allclose(out[0].detach().numpy(), ref.interpolated(10)[[0, 5, 9]], **TIGHT)
 
 
 def test_interpolate_leaves_lengths_within_the_table_alone():

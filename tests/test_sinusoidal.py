@@ -13,18 +13,25 @@ from conftest import tolerances
 from posenc import SinusoidalPositionalEncoding, sinusoidal_table
 from posenc.reference import sinusoidal_positional_encoding, sinusoidal_positional_encoding_at
 
+TIGHT = {"rtol": 1e-12, "atol": 1e-12}
+
 
 def expected(x: torch.Tensor, pe: np.ndarray) -> torch.Tensor:
     """``x + pe`` in float64 from the reference table (broadcast over the batch)."""
     return x.double() + torch.from_numpy(pe)
 
 
+def assert_adds_reference_table(module: SinusoidalPositionalEncoding, length: int) -> None:
+    """A float64 zero input of ``length`` comes out as the reference table."""
+    out = module(torch.zeros(1, length, module.d_model, dtype=torch.float64))[0]
+    ref = sinusoidal_positional_encoding(length, module.d_model)
+    torch.testing.assert_close(out, torch.from_numpy(ref), **TIGHT)
+
+
 def test_float64_matches_reference(gen):
     x = torch.randn(3, 37, 64, generator=gen, dtype=torch.float64)
     out = SinusoidalPositionalEncoding(64)(x)
-    torch.testing.assert_close(
-        out, expected(x, sinusoidal_positional_encoding(37, 64)), rtol=1e-12, atol=1e-12
-    )
+    torch.testing.assert_close(out, expected(x, sinusoidal_positional_encoding(37, 64)), **TIGHT)
 
 
 @given(length=st.integers(1, 96), half=st.integers(1, 64), base=st.sampled_from([1e4, 500.0]))
@@ -34,7 +41,7 @@ def test_float64_matches_reference_for_any_size(length, half, base):
         length, dtype=torch.float64
     )
     ref = sinusoidal_positional_encoding(length, d_model, base=base)
-    np.testing.assert_allclose(table.numpy(), ref, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(table.numpy(), ref, **TIGHT)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -59,13 +66,7 @@ def test_table_properties():
 def test_cache_grows_for_longer_inputs():
     module = SinusoidalPositionalEncoding(16, max_len=4)
     short = module.table(4)
-    x = torch.zeros(1, 50, 16, dtype=torch.float64)
-    torch.testing.assert_close(
-        module(x)[0],
-        torch.from_numpy(sinusoidal_positional_encoding(50, 16)),
-        rtol=1e-12,
-        atol=1e-12,
-    )
+    assert_adds_reference_table(module, 50)
     torch.testing.assert_close(
         module.table(50).double(),
         torch.from_numpy(sinusoidal_positional_encoding(50, 16)),
@@ -81,15 +82,13 @@ def test_explicit_positions_offset_and_packed(gen):
     torch.testing.assert_close(
         module(x, offset),
         expected(x, sinusoidal_positional_encoding_at(offset.numpy(), 8)),
-        rtol=1e-12,
-        atol=1e-12,
+        **TIGHT,
     )
     packed = torch.tensor([[0, 1, 2, 0, 1], [0, 1, 2, 3, 4]])
     torch.testing.assert_close(
         module(x, packed),
         expected(x, sinusoidal_positional_encoding_at(packed.numpy(), 8)),
-        rtol=1e-12,
-        atol=1e-12,
+        **TIGHT,
     )
     one_row = torch.arange(3, 8)[None]  # [1, T] broadcasts over the batch
     torch.testing.assert_close(module(x, one_row), module(x, one_row[0]))
@@ -99,22 +98,16 @@ def test_fractional_and_negative_positions_follow_the_formula():
     positions = torch.tensor([0.5, 2.25, -3.0], dtype=torch.float64)
     out = SinusoidalPositionalEncoding(8)(torch.zeros(1, 3, 8, dtype=torch.float64), positions)
     ref = sinusoidal_positional_encoding_at(positions.numpy(), 8)
-    np.testing.assert_allclose(out[0].numpy(), ref, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(out[0].numpy(), ref, **TIGHT)
     np.testing.assert_allclose(
-        sinusoidal_table(positions, 8, dtype=torch.float64).numpy(), ref, rtol=1e-12, atol=1e-12
+        sinusoidal_table(positions, 8, dtype=torch.float64).numpy(), ref, **TIGHT
     )
 
 
 def test_to_bfloat16_does_not_degrade_the_table():
     module = SinusoidalPositionalEncoding(16).to(torch.bfloat16)
     assert not list(module.parameters()) and not list(module.buffers())
-    x = torch.zeros(1, 300, 16, dtype=torch.float64)
-    torch.testing.assert_close(
-        module(x)[0],
-        torch.from_numpy(sinusoidal_positional_encoding(300, 16)),
-        rtol=1e-12,
-        atol=1e-12,
-    )
+    assert_adds_reference_table(module, 300)
 
 
 def test_input_untouched_and_gradient_passes_through(gen):
