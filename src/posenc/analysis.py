@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from posenc._checks import check_int
-from posenc.reference.absolute import sinusoidal_frequencies
+from posenc.reference import sinusoidal_frequencies
 
 __all__ = [
     "cosine_similarity_matrix",
