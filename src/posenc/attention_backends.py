@@ -177,7 +177,8 @@ def _block(
             logits = logits + bias
         if mask is not None:
             logits = logits.masked_fill(~mask, float("-inf"))
-        probs = torch.softmax(logits, dim=-1, dtype=torch.float32).to(q.dtype)
+        acc = torch.promote_types(q.dtype, torch.float32)  # bf16/fp16 softmax in float32
+        probs = torch.softmax(logits, dim=-1, dtype=acc).to(q.dtype)
         probs = F.dropout(probs, dropout_p) if dropout_p > 0 else probs
         out = torch.matmul(probs, v)  # [B, H, Tb, D]
         term = position.value_term(probs, q_pos, k_pos) if sites & Site.VALUE else None
