@@ -1,0 +1,306 @@
+"""A terminal tour of one encoding: its numbers, and what they do to attention.
+
+Shapes: ``L`` positions, ``C`` d_model, ``H`` heads, ``D`` head_dim. ``explain(name)``
+prints, for an encoding acting at the input site (Vaswani et al. 2017, section 3.5),
+the first positions x dimensions, a Unicode heatmap, the pairwise distances of the
+positions, the relative-position numbers (the error of the sinusoidal rotation ``M_k``,
+``PE[p + k] ~ M_k PE[p]``, and the cosine similarity of successive steps
+``PE[p + k] - PE[p]``) and the effect on attention (one word at two positions, two words
+at one position). Rotary encodings (Su et al. 2021, RoFormer, section 3.4) get the
+rotated dot product against the offset; bias encodings get the bias of a few heads and
+the attention it alone produces. Every number is computed, none is quoted.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from rich.console import Console
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from posenc import analysis
+from posenc._checks import check_int
+from posenc.base import PositionalEncoding, Site, info
+from posenc.viz._common import build_encoding
+
+__all__ = ["explain", "word_vectors"]
+
+_BARS = "▁▂▃▄▅▆▇█"
+OFFSETS = (1, 2, 3, 5, 10)
+
+
+def word_vectors(dim: int, count: int = 2, *, seed: int = 0) -> np.ndarray:
+    """``count`` stand-in word embeddings ``[count, dim]``, uniform in [0, 1) (seeded)."""
+    return np.random.default_rng(seed).uniform(0.0, 1.0, size=(count, dim))
+
+
+def explain(
+    name: str,
+    *,
+    dim: int = 16,
+    length: int = 20,
+    num_heads: int = 4,
+    console: Console | None = None,
+) -> None:
+    """Print the tour of the registered encoding ``name``.
+
+    Args:
+        name: a name from ``posenc.available()``.
+        dim: ``C`` for input encodings, ``D`` (per head) for the others; even, >= 4.
+        length: number of positions ``L`` shown and analysed (>= 12).
+        num_heads: heads of bias encodings.
+        console: where to print (default: a new ``rich`` console on stdout).
+
+    Raises:
+        ValueError: unknown ``name``; ``dim`` odd or < 4, ``length`` < 12.
+    """
+    entry = info(name)
+    dim, length = check_int("dim", dim, minimum=4), check_int("length", length, minimum=12)
+    if dim % 2:
+        raise ValueError(f"dim must be even, got {dim}")
+    num_heads = check_int("num_heads", num_heads)
+    out = console or Console()
+    sites = " + ".join(entry.sites.names()) or "none"
+    body = Text.assemble(entry.description, "\n", (f"{entry.paper}  |  acts at: {sites}", "dim"))
+    _say(out, Panel(body, title=Text(name, style="bold"), expand=False))
+    if entry.sites & Site.INPUT:
+        enc = build_encoding(name, d_model=dim, max_len=length)
+        _absolute_tour(out, enc, dim, length)
+    else:
+        shape = {"d_model": dim * num_heads, "head_dim": dim, "num_heads": num_heads}
+        enc = build_encoding(name, **shape, max_len=length)
+    if entry.sites & Site.QK:
+        _rotary_tour(out, enc, dim, length)
+    if entry.sites & Site.SCORE:
+        _bias_tour(out, enc, dim, length, num_heads)
+    if entry.sites & Site.VALUE:
+        _say(out, "It also adds a learned term to the attention output (the value site).\n")
+    if not entry.sites:
+        _no_position_tour(out, dim)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _say(out: Console, *objects: object) -> None:
+    """Print without rich markup: the tour's text is full of brackets (``PE[p + k]``)."""
+    out.print(*objects, markup=False, highlight=False)
+
+
+def _cos(a: np.ndarray, b: np.ndarray) -> float:
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def _table(title: str, columns: list[str]) -> Table:
+    table = Table(title=Text(title, style="bold"), title_justify="left")
+    for col in columns:
+        table.add_column(col, justify="right")
+    return table
+
+
+def _matrix(title: str, values: np.ndarray, *, fmt: str = "{:.2f}", row: str = "") -> Table:
+    table = Table(title=Text(title, style="bold"), title_justify="left", box=None, pad_edge=False)
+    table.add_column(row, justify="right", style="dim")
+    for j in range(values.shape[1]):
+        table.add_column(str(j), justify="right")
+    for i, line in enumerate(values):
+        table.add_row(str(i), *("·" if np.isnan(v) else fmt.format(v) for v in line))
+    return table
+
+
+def _heatmap(values: np.ndarray) -> Text:
+    """One glyph per value, ``▁`` (most negative) to ``█`` (most positive), coloured."""
+    scale = float(np.abs(values).max()) or 1.0
+    text = Text()
+    for i, line in enumerate(values):
+        text.append(f"{i:>4} ", style="dim")
+        for v in line / scale:
+            level = min(len(_BARS) - 1, int((v + 1) / 2 * len(_BARS)))
+            text.append(_BARS[level], style="red" if v > 0 else "blue")
+        text.append("\n")
+    text.append(f"     {_BARS[0]} = {-scale:.3g}   {_BARS[-1]} = {scale:.3g}", style="dim")
+    return text
+
+
+# --------------------------------------------------------------------------- input site
+
+
+def _absolute_tour(out: Console, enc: PositionalEncoding, dim: int, length: int) -> None:
+    with torch.no_grad():
+        pe = enc.embed(torch.zeros(1, length, dim, dtype=torch.float64))[0].numpy()  # [L, C]
+    shown = min(8, dim)
+    _say(
+        out,
+        _matrix(
+            f"Encoding values (first 10 positions x {shown} dims)",
+            pe[:10, :shown],
+            fmt="{:.3f}",
+            row="pos",
+        ),
+    )
+    _say(out, Text(f"\nHeatmap ({length} positions x {dim} dims)", style="bold"))
+    _say(out, _heatmap(pe))
+    stats = analysis.encoding_statistics(pe)
+    _say(
+        out,
+        f"norms {stats['norms'].min():.4f} .. {stats['norms'].max():.4f}, values "
+        f"{stats['min']:.4f} .. {stats['max']:.4f}\n",
+    )
+    dist = np.linalg.norm(pe[:8, None] - pe[None, :8], axis=-1)
+    _say(out, _matrix("Position uniqueness (pairwise L2 distances)", dist, row="pos"))
+    _say(out, f"closest two positions of {length}: distance {analysis.uniqueness(pe):.4f}\n")
+
+    table = _table(
+        "Relative position: PE[p+k] from PE[p]",
+        ["k", "M_k max error", "cos(step_p, step_p+1) mean", "min"],
+    )
+    for k in [k for k in OFFSETS if k <= length - 2]:
+        err = analysis.relative_position_matrix(pe, k)[1]
+        cons = analysis.difference_consistency(pe, k)
+        table.add_row(str(k), f"{err:.3e}", f"{cons['mean']:.4f}", f"{cons['min']:.4f}")
+    _say(out, table)
+    _say(
+        out,
+        "M_k is the sinusoidal encoding's block-diagonal rotation (error ~1e-16 only for "
+        "a sinusoidal table). step_p = PE[p+k] - PE[p]; for sinusoids step_p+1 = M_1 step_p, "
+        "so its cosine is one number for every p (min = mean). A spread between min and "
+        "mean means the step depends on p.\n",
+    )
+
+    word = np.full(dim, 0.5)
+    a, b = word_vectors(dim)
+    _say(out, Text("Effect on attention (cosine similarity of word + PE[p])", style="bold"))
+    _say(
+        out,
+        f"  same word (all 0.5) at positions 3 and 7: without PE "
+        f"{_cos(word, word):.4f}, with PE {_cos(word + pe[3], word + pe[7]):.4f}",
+    )
+    _say(
+        out,
+        f"  different words a, b at position 5:        {_cos(a + pe[5], b + pe[5]):.4f}"
+        f"   (without PE {_cos(a, b):.4f})",
+    )
+    late = min(15, length - 1)
+    _say(
+        out, f"  same word a at positions 5 and {late}:        {_cos(a + pe[5], a + pe[late]):.4f}"
+    )
+    _say(out, "  (a, b: uniform [0, 1) vectors, seed 0)\n")
+
+
+# --------------------------------------------------------------------------- QK site
+
+
+def _rotated_scores(
+    enc: PositionalEncoding, q: torch.Tensor, k: torch.Tensor, q_pos: list[int], k_pos: list[int]
+) -> np.ndarray:
+    """``rotate(q at q_pos[t]) . rotate(k at k_pos[t])`` for every t, float64 ``[T]``."""
+    count = len(q_pos)
+    qs = q.expand(1, 1, count, -1)  # [B, H, T, D]
+    ks = k.expand(1, 1, count, -1)
+    with torch.no_grad():
+        rq, _ = enc.rotate(qs, ks, torch.tensor(q_pos), torch.tensor(q_pos))
+        _, rk = enc.rotate(qs, ks, torch.tensor(k_pos), torch.tensor(k_pos))
+    return (rq * rk).sum(-1).reshape(count).double().numpy()
+
+
+def _rotary_tour(out: Console, enc: PositionalEncoding, dim: int, length: int) -> None:
+    inv_freq = getattr(enc, "inv_freq", None)
+    if isinstance(inv_freq, torch.Tensor):
+        freqs = inv_freq.double().cpu().numpy()
+        _say(
+            out,
+            f"{freqs.size} rotated pairs; angle per position theta_i from "
+            f"{freqs.max():.4g} to {freqs.min():.4g} rad, wavelengths "
+            f"{2 * np.pi / freqs.max():.4g} .. {2 * np.pi / freqs.min():.4g} positions\n",
+        )
+    gen = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 1, 1, 1, dim, generator=gen, dtype=torch.float64)
+    offsets = [r for r in (0, 1, 2, 3, 5, 8, 13, 21, 34, 55, 89) if r < length]
+    starts = (0, 10, 100)
+    table = _table(
+        "Rotated dot product q_m . k_n against the offset m - n (random q, k; seed 0)",
+        ["m - n", *(f"n = {n}" for n in starts), "same x: cos(x_m, x_n)"],
+    )
+    for r in offsets:
+        row = [_rotated_scores(enc, q, k, [n + r], [n])[0] for n in starts]
+        same = _rotated_scores(enc, q, q, [r], [0])[0] / float((q * q).sum())
+        table.add_row(str(r), *(f"{v:.4f}" for v in row), f"{same:.4f}")
+    _say(out, table)
+    spread = max(
+        np.ptp([_rotated_scores(enc, q, k, [n + r], [n])[0] for n in starts]) for r in offsets
+    )
+    _say(
+        out,
+        f"Across the columns (the same offset at different positions) the scores differ "
+        f"by at most {spread:.2e}: only m - n matters.",
+    )
+    _say(out, f"Without rotation q . k = {float((q * k).sum()):.4f} at every offset.")
+    a, b = torch.randn(2, 1, 1, 1, dim, generator=gen, dtype=torch.float64)
+    both = _rotated_scores(enc, a, b, [7], [7])[0]
+    _say(
+        out,
+        f"Different tokens at one position (7): {both:.4f}, unrotated "
+        f"{float((a * b).sum()):.4f}: at equal positions the rotations cancel.\n",
+    )
+
+
+# --------------------------------------------------------------------------- SCORE site
+
+
+def _bias_tour(out: Console, enc: PositionalEncoding, dim: int, length: int, heads: int) -> None:
+    gen = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 1, heads, length, dim, generator=gen)
+    pos = torch.arange(length)
+    with torch.no_grad():
+        bias = enc.score_bias(q, k, pos, pos)
+        other = enc.score_bias(torch.randn_like(q), torch.randn_like(k), pos, pos)
+    if bias is None:
+        _say(out, "This encoding adds no bias to the scores.\n")
+        return
+    bias = bias.expand(1, heads, length, length)[0].double().numpy()  # [H, L, L]
+    content = other is not None and not np.allclose(bias, other[0].double().numpy())
+    if content:
+        _say(out, "The bias depends on the content: shown for random q, k (seed 0).")
+    causal = getattr(enc, "causal", True)
+    future = np.triu(np.ones((length, length), dtype=bool), 1)
+    for h in sorted({0, heads - 1}):
+        shown = np.where(future & causal, np.nan, bias[h])[:8, :8]
+        _say(
+            out, _matrix(f"Bias of head {h} (query row, key column; · = masked)", shown, row="q\\k")
+        )
+    last = length - 1
+    dists = [d for d in (0, 1, 2, 4, 8, 16, 32) if d <= last]
+    table = _table(
+        f"Bias and attention of the last query ({last}) by distance d, one token everywhere",
+        ["head", *(f"d={d}" for d in dists)],
+    )
+    visible = bias[:, last, :] if not causal else bias[:, last, : last + 1]
+    probs = np.exp(visible - visible.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    for h in range(heads):
+        table.add_row(f"{h} bias", *(f"{bias[h, last, last - d]:.3f}" for d in dists))
+        table.add_row(f"{h} attn", *(f"{probs[h, last - d]:.1%}" for d in dists), style="cyan")
+    _say(out, table)
+    _say(out, f"Without a bias every visible key gets {1 / probs.shape[-1]:.1%}.\n")
+
+
+def _no_position_tour(out: Console, dim: int) -> None:
+    word = word_vectors(dim, 1)[0]
+    _say(
+        out,
+        "No positional signal: the same word at positions 3 and 7 is the same vector "
+        f"(cosine {_cos(word, word):.4f}).",
+    )
+    _say(
+        out,
+        "Without a mask, attention is permutation equivariant: shuffling the tokens "
+        "shuffles the outputs (error "
+        f"{analysis.permutation_equivariance_error(seq_len=8, d_model=dim):.1e}).",
+    )
+    _say(
+        out,
+        "Under a causal mask the query at position p sees p + 1 keys; over identical "
+        "tokens it attends 1/(p + 1) to each, which is all the order it can infer.\n",
+    )

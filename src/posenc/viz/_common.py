@@ -1,0 +1,190 @@
+"""Shared plumbing of the figures: figure creation, saving, and table loading.
+
+Shapes: ``L`` positions, ``C`` d_model. Figures are plain ``matplotlib.figure.Figure``
+objects, never created through ``pyplot``: no global state and no interactive backend,
+so everything runs headless (``savefig`` picks the Agg or SVG renderer from the file
+suffix). matplotlib is imported inside the functions, so ``import posenc.viz`` is cheap.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from posenc._checks import check_int
+from posenc.base import PositionalEncoding, Site, available, build
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+FORMATS = (".png", ".svg")
+
+#: The model shape every figure builds its encodings with unless told otherwise.
+DEFAULT_SHAPE = {"d_model": 128, "num_heads": 4, "head_dim": 32, "max_len": 100}
+
+
+def new_figure(width: float, height: float) -> Figure:
+    """A headless figure of ``width x height`` inches with constrained layout."""
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), layout="constrained")
+
+
+def save_figure(fig: Figure, path: str | Path, *, dpi: int = 100) -> Path:
+    """Write ``fig`` to ``path`` (``.png`` or ``.svg``, chosen by the suffix).
+
+    SVGs keep their text as ``<text>`` elements and carry no date, so regenerating a
+    figure gives the same file.
+
+    Raises:
+        ValueError: an unsupported suffix or a non-positive ``dpi``.
+    """
+    import matplotlib
+
+    path = Path(path)
+    if path.suffix.lower() not in FORMATS:
+        raise ValueError(f"cannot write {str(path)!r}: the suffix must be one of {FORMATS}")
+    dpi = check_int("dpi", dpi)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix.lower() == ".svg":
+        with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "posenc"}):
+            fig.savefig(path, dpi=dpi, metadata={"Date": None})
+    else:
+        fig.savefig(path, dpi=dpi, metadata={"Software": None})
+    return path
+
+
+def build_encoding(name: str, *, seed: int = 0, **shape: int | bool) -> PositionalEncoding:
+    """``posenc.build(name)`` with ``DEFAULT_SHAPE`` filled in, in eval mode.
+
+    Learned parameters are drawn under ``torch.manual_seed(seed)`` without touching the
+    global random state, so figures and tours are reproducible.
+    """
+    kwargs = {**DEFAULT_SHAPE, **shape}
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return build(name, **kwargs).eval()
+
+
+def encodings_at(site: Site, names: list[str] | None = None) -> list[str]:
+    """The registered names acting at ``site`` (all of them when ``names`` is None).
+
+    Raises:
+        ValueError: a name in ``names`` is unknown or does not act at ``site``.
+    """
+    from posenc.base import info
+
+    if names is None:
+        return [n for n in available() if info(n).sites & site]
+    for name in names:
+        if not info(name).sites & site:
+            raise ValueError(
+                f"encoding {name!r} does not act at the {site.name.lower()} site; "
+                f"choose from: {', '.join(encodings_at(site))}"
+            )
+    return list(names)
+
+
+def absolute_table(
+    source: str | Path | Tensor | np.ndarray,
+    *,
+    d_model: int = 128,
+    length: int = 100,
+    key: str | None = None,
+) -> tuple[np.ndarray, str]:
+    """The table ``[L, C]`` (float64) of an absolute encoding, with a label for titles.
+
+    Args:
+        source: a registered encoding name acting at the input site (built with
+            ``d_model`` and ``max_len=length``; learned tables are then at their
+            initialisation), a path to a saved table or state dict (see ``load_table``),
+            or a ``[L, C]`` tensor/array.
+        d_model: width ``C`` of a built encoding.
+        length: number of positions ``L`` of a built encoding.
+        key: state-dict key of the table when ``source`` is a file.
+
+    Raises:
+        ValueError: unknown name, an encoding that adds nothing to the input, a table
+            that is not 2-D.
+        FileNotFoundError: a path that does not exist.
+    """
+    if isinstance(source, (Tensor, np.ndarray)):
+        return _as_table(source, "table"), f"table {tuple(source.shape)}"
+    if not (isinstance(source, str) and source in available()):
+        if isinstance(source, str) and not Path(source).suffix:  # a bare unknown name
+            encodings_at(Site.INPUT, [source])
+        table = load_table(source, key=key)
+        return table, f"{Path(source).name} {tuple(table.shape)}"
+    encodings_at(Site.INPUT, [source])
+    length = check_int("length", length)
+    enc = build_encoding(source, d_model=d_model, max_len=length)
+    with torch.no_grad():
+        table = enc.embed(torch.zeros(1, length, d_model, dtype=torch.float64))[0]  # [L, C]
+    trained = any(True for _ in enc.parameters())
+    return table.numpy(), f"{source} (at initialisation)" if trained else source
+
+
+def load_table(path: str | Path, *, key: str | None = None) -> np.ndarray:
+    """Load a position table ``[L, C]`` saved with ``torch.save``.
+
+    The file may hold the tensor itself, a state dict, or a dict wrapping one under
+    ``"model"`` or ``"state_dict"`` (a checkpoint). Without ``key``, the table is the one
+    2-D floating tensor whose key names a position table (contains ``"pos"``).
+    Loaded with ``torch.load(weights_only=True)``: no code in the file is run.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ValueError: ``key`` missing, no or several candidate tables.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no table file {str(path)!r}")
+    obj = torch.load(path, map_location="cpu", weights_only=True)
+    if isinstance(obj, Tensor):
+        return _as_table(obj, str(path))
+    if not isinstance(obj, dict):
+        raise ValueError(f"{str(path)!r} holds a {type(obj).__name__}, not a tensor or dict")
+    for wrapper in ("model", "state_dict"):
+        if isinstance(obj.get(wrapper), dict):
+            obj = obj[wrapper]
+    if key is not None:
+        if key not in obj:
+            raise ValueError(f"key {key!r} is not in {str(path)!r}; keys: {', '.join(obj)}")
+        return _as_table(obj[key], key)
+    found = [
+        k
+        for k, v in obj.items()
+        if isinstance(v, Tensor) and v.dim() == 2 and v.is_floating_point() and "pos" in k.lower()
+    ]
+    if len(found) != 1:
+        what = "no position table" if not found else f"several tables ({', '.join(found)})"
+        raise ValueError(f"{str(path)!r} holds {what}; pass key= to choose one")
+    return _as_table(obj[found[0]], found[0])
+
+
+def _as_table(x: Tensor | np.ndarray, name: str) -> np.ndarray:
+    table = x.detach().double().cpu().numpy() if isinstance(x, Tensor) else np.asarray(x, float)
+    if table.ndim != 2 or min(table.shape) < 1:
+        raise ValueError(f"{name} must be a non-empty [L, C] table, got shape {table.shape}")
+    return table
+
+
+def heatmap(ax: Axes, values: np.ndarray, *, cmap: str, label: str, symmetric: bool = False):
+    """``imshow`` of ``values`` on ``ax`` with a labelled colorbar; returns the image."""
+    finite = values[np.isfinite(values)]
+    lim = float(np.abs(finite).max()) if symmetric and finite.size else None
+    image = ax.imshow(
+        values,
+        aspect="auto",
+        cmap=cmap,
+        interpolation="nearest",
+        vmin=-lim if lim else None,
+        vmax=lim if lim else None,
+    )
+    ax.figure.colorbar(image, ax=ax, label=label, shrink=0.9)
+    return image
