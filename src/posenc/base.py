@@ -218,7 +218,8 @@ def build(name: str, **kwargs: object) -> PositionalEncoding:
         ValueError: unknown ``name`` (the message lists the known ones).
     """
     cls = info(name).cls
-    params = inspect.signature(cls.__init__).parameters
+    own_init = cls.__init__ is not nn.Module.__init__
+    params = inspect.signature(cls.__init__).parameters if own_init else {}
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     kept = {k: v for k, v in kwargs.items() if k not in CONTEXT_KEYS or k in params or takes_any}
     return cls(**kept)
