@@ -1,0 +1,298 @@
+"""Rotary position embedding (Su et al. 2021, "RoFormer: Enhanced Transformer with Rotary
+Position Embedding", sec. 3.2, eq. 34).
+
+Shapes: ``B`` batch, ``H`` query heads, ``Hkv`` key heads, ``T`` length (``Tq``, ``Tk``),
+``D`` head_dim, ``R`` rotary_dim (even, ``<= D``). Pair ``i < R/2`` of a query or key at
+position ``m`` is rotated by the angle ``m * inv_freq[i]``, so ``<R_m q, R_n k>`` depends
+on ``m - n`` only; features ``R..D-1`` pass through (partial rotary, GPT-NeoX / Phi).
+
+Numerics: ``inv_freq`` is a float64 master (from ``rope_scaling``); angles
+``position * inv_freq`` are formed in float64 (float32 on devices without it), never in
+the input's dtype; cos and sin are multiplied by the scaling's attention scale (as
+transformers does) and cached per ``(device, dtype)`` in a plain dict, float32 (float64
+for float64 inputs), grown by swapping in a longer table. Nothing is a buffer, so
+``module.to(torch.bfloat16)`` leaves the frequencies exact.
+
+Length policy for the length-dependent scalings (dynamic NTK, LongRoPE): the frequencies
+are those of the longest length seen, ``max(position) + 1`` over every ``rotate`` call,
+which in KV-cache decoding is the total length including the cache. They change only
+when that length grows (never back, until ``reset_length()``); each change is reported
+as a ``FrequencyChange`` to the hooks of ``register_frequency_hook`` *before* the new
+queries and keys are rotated, so a cache owner can ``rerotate_keys`` its cached keys
+instead of discarding them. ``observe_length(n)`` pins the length up front, so that
+decoding up to ``n`` tokens never changes the frequencies.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import torch
+from torch import Tensor
+from torch.utils.hooks import RemovableHandle
+
+from posenc._checks import check_int, check_tensor, resolve_positions
+from posenc.base import PositionalEncoding, Site, register
+from posenc.encodings.rope_apply import apply_rope
+from posenc.encodings.rope_functional import Frequencies, rope_cos_sin, table_dtype
+from posenc.encodings.rope_scaling import DEFAULT_BASE, ScalingSpec, resolve_scaling
+
+__all__ = ["FrequencyChange", "RotaryEmbedding"]
+
+
+@dataclass(frozen=True)
+class FrequencyChange:
+    """New frequencies picked by a length-dependent scaling.
+
+    Attributes:
+        old: ``(inv_freq [R/2] float64, attention_scale)`` used until now.
+        new: the frequencies used from now on.
+        length: the length (``max(position) + 1``) that caused the change.
+    """
+
+    old: Frequencies
+    new: Frequencies
+    length: int
+
+
+@dataclass(frozen=True)
+class _State:
+    length: int  # longest length seen (0: none)
+    inv_freq: Tensor  # float64 [R/2], on the CPU
+    scale: float
+    tables: dict = field(default_factory=dict)  # (device, dtype) -> (cos, sin) [N, R/2]
+
+
+@register(
+    "rope",
+    paper="Su et al. 2021, RoFormer (eq. 34); scalings: Chen 2023, Peng 2023, Ding 2024",
+    description="rotates query/key pairs by position * frequency; context-extension scalings",
+)
+class RotaryEmbedding(PositionalEncoding):
+    """Rotary embedding of queries and keys, with an optional frequency scaling.
+
+    Args:
+        head_dim: ``D``, even.
+        base: the RoPE base ``theta`` (``rope_theta``).
+        scaling: None, a scaling dataclass (``YarnScaling(...)``) or an HF-style dict.
+        rotary_dim: ``R``, the number of rotated features (default ``D``).
+        interleaved: pair layout: False for half-split ``(i, i + R/2)`` (GPT-NeoX, HF
+            Llama), True for adjacent ``(2i, 2i + 1)`` (GPT-J, Meta's Llama).
+        max_len: cos/sin cache length built up front; longer positions grow it.
+
+    Raises:
+        ValueError: odd ``head_dim``, odd or too large ``rotary_dim``, bad scaling.
+    """
+
+    sites = Site.QK
+
+    def __init__(
+        self,
+        head_dim: int,
+        *,
+        base: float = DEFAULT_BASE,
+        scaling: ScalingSpec = None,
+        rotary_dim: int | None = None,
+        interleaved: bool = False,
+        max_len: int = 2048,
+    ) -> None:
+        super().__init__()
+        params, base, rotary_dim = resolve_scaling(
+            scaling, head_dim=head_dim, base=base, rotary_dim=rotary_dim
+        )
+        if not isinstance(interleaved, bool):
+            raise TypeError(f"interleaved must be a bool, got {interleaved!r}")
+        self.head_dim, self.rotary_dim, self.base = head_dim, rotary_dim, base
+        self.scaling, self.interleaved = params, interleaved
+        self.max_len = check_int("max_len", max_len)
+        inv_freq, scale = params.inv_freq(rotary_dim, base)
+        self._state = _State(0, inv_freq, float(scale))
+        self._lock = threading.Lock()
+        self._freq_hooks: dict[int, Callable[[FrequencyChange], None]] = {}
+
+    # ------------------------------------------------------------------ frequencies
+
+    @property
+    def inv_freq(self) -> Tensor:
+        """The current ``inv_freq [R/2]`` (float64)."""
+        return self._state.inv_freq
+
+    @property
+    def attention_scale(self) -> float:
+        """The current attention scale (multiplies cos and sin)."""
+        return self._state.scale
+
+    @property
+    def seen_length(self) -> int:
+        """Longest length the frequencies were chosen for (length-dependent scalings)."""
+        return self._state.length
+
+    def register_frequency_hook(self, hook: Callable[[FrequencyChange], None]) -> RemovableHandle:
+        """Call ``hook(change)`` whenever the frequencies change; returns a removable handle."""
+        handle = RemovableHandle(self._freq_hooks)
+        self._freq_hooks[handle.id] = hook
+        return handle
+
+    def observe_length(self, length: int) -> FrequencyChange | None:
+        """Record that positions up to ``length - 1`` are in use (see the length policy).
+
+        Returns the change (also sent to the hooks) when the frequencies changed, else None.
+        """
+        length = check_int("length", length, minimum=0)
+        if not self.scaling.length_dependent or length <= self._state.length:
+            return None
+        return self._set_length(length)
+
+    def reset_length(self) -> FrequencyChange | None:
+        """Forget the lengths seen: back to the frequencies of the original length."""
+        return self._set_length(0)
+
+    def _set_length(self, length: int) -> FrequencyChange | None:
+        with self._lock:
+            old = self._state
+            inv_freq, scale = self.scaling.inv_freq(
+                self.rotary_dim, self.base, seq_len=length or None
+            )
+            same = float(scale) == old.scale and torch.equal(inv_freq, old.inv_freq)
+            tables = old.tables if same else {}
+            self._state = _State(length, old.inv_freq if same else inv_freq, float(scale), tables)
+        if same:
+            return None
+        change = FrequencyChange((old.inv_freq, old.scale), (inv_freq, float(scale)), length)
+        for hook in list(self._freq_hooks.values()):
+            hook(change)
+        return change
+
+    # ------------------------------------------------------------------ cos / sin
+
+    def _table(self, state: _State, length: int, device: torch.device, dtype: torch.dtype):
+        key = (device, dtype)
+        cached = state.tables.get(key)
+        if cached is None or cached[0].shape[0] < length:
+            with self._lock:
+                cached = state.tables.get(key)
+                if cached is None or cached[0].shape[0] < length:
+                    grown = 2 * cached[0].shape[0] if cached is not None else 0
+                    positions = torch.arange(max(length, self.max_len, grown), device=device)
+                    cached = rope_cos_sin(
+                        positions, state.inv_freq, attention_scale=state.scale, dtype=dtype
+                    )
+                    state.tables[key] = cached  # swap in a new pair, never mutate one
+        return cached
+
+    def cos_sin(
+        self, positions: Tensor, *, dtype: torch.dtype = torch.float32
+    ) -> tuple[Tensor, Tensor]:
+        """``(cos, sin)`` ``[..., R/2]`` for ``positions`` under the current frequencies.
+
+        Float32 (float64 when ``dtype`` is float64); integer positions >= 0 come from the
+        cache, others are computed directly.
+        """
+        state, dtype = self._state, table_dtype(dtype)
+        if positions.is_floating_point() or positions.numel() == 0:
+            return rope_cos_sin(positions, state.inv_freq, attention_scale=state.scale, dtype=dtype)
+        low, high = (int(v) for v in positions.aminmax())
+        if low < 0:
+            return rope_cos_sin(positions, state.inv_freq, attention_scale=state.scale, dtype=dtype)
+        cos, sin = self._table(state, high + 1, positions.device, dtype)
+        return cos[positions], sin[positions]
+
+    def _modulate(
+        self, cos: Tensor, sin: Tensor, positions: Tensor, *, query: bool
+    ) -> tuple[Tensor, Tensor]:
+        """Hook for subclasses (xPos) that scale the rotation per position."""
+        return cos, sin
+
+    # ------------------------------------------------------------------ hooks
+
+    def _check_qk(self, q: Tensor, k: Tensor) -> None:
+        check_tensor("q", q, ndim=4)
+        check_tensor("k", k, ndim=4)
+        if q.shape[-1] != self.head_dim or k.shape[-1] != self.head_dim:
+            raise ValueError(
+                f"q and k must have head_dim={self.head_dim}, got q {tuple(q.shape)} "
+                f"and k {tuple(k.shape)}"
+            )
+        if q.shape[0] != k.shape[0]:
+            raise ValueError(f"q has batch {q.shape[0]} but k has batch {k.shape[0]}")
+
+    def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+        """Rotate ``q [B, H, Tq, D]`` at ``q_pos`` and ``k [B, Hkv, Tk, D]`` at ``k_pos``.
+
+        Positions are ``[T]`` or ``[B, T]``, integer or float. Returns new tensors.
+
+        Raises:
+            ValueError: head_dim or batch mismatch, positions not of length ``Tq`` / ``Tk``.
+        """
+        self._check_qk(q, k)
+        same = q_pos is k_pos
+        q_pos = resolve_positions(q_pos, q.shape[-2], batch=q.shape[0], name="q_pos").to(q.device)
+        k_pos = resolve_positions(k_pos, k.shape[-2], batch=k.shape[0], name="k_pos").to(k.device)
+        if self.scaling.length_dependent:
+            self.observe_length(_length_of(q_pos, k_pos))
+        cos_q, sin_q = self.cos_sin(q_pos, dtype=q.dtype)
+        cos_k, sin_k = (cos_q, sin_q) if same else self.cos_sin(k_pos, dtype=k.dtype)
+        cos_q, sin_q = self._modulate(cos_q, sin_q, q_pos, query=True)
+        cos_k, sin_k = self._modulate(cos_k, sin_k, k_pos, query=False)
+        q = apply_rope(q, cos_q, sin_q, interleaved=self.interleaved)
+        k = apply_rope(k, cos_k, sin_k, interleaved=self.interleaved)
+        return q, k
+
+    def forward(
+        self, q: Tensor, k: Tensor, positions: Tensor | None = None, *, offset: int = 0
+    ) -> tuple[Tensor, Tensor]:
+        """Rotate ``q [B, H, Tq, D]`` and ``k [B, Hkv, Tk, D]``.
+
+        Args:
+            q: queries.
+            k: keys.
+            positions: ``[T]`` or ``[B, T]`` positions shared by q and k (needs
+                ``Tq == Tk``); None means ``arange(Tk)``, the queries being the last
+                ``Tq`` of them.
+            offset: added to the positions (KV-cache decoding: the cached length).
+
+        Raises:
+            ValueError: see ``rotate``; ``Tq > Tk`` or ``Tq != Tk`` with positions.
+        """
+        self._check_qk(q, k)
+        offset = check_int("offset", offset, minimum=0)
+        t_q, t_k = q.shape[-2], k.shape[-2]
+        if positions is None:
+            if t_q > t_k:
+                raise ValueError(f"q is longer than k ({t_q} > {t_k}); pass positions")
+            k_pos = torch.arange(offset, offset + t_k, device=k.device)
+            q_pos = k_pos if t_q == t_k else k_pos[t_k - t_q :]
+            return self.rotate(q, k, q_pos, k_pos)
+        if t_q != t_k:
+            raise ValueError(f"positions are shared, but q has T={t_q} and k has T={t_k}")
+        positions = resolve_positions(positions, t_q, batch=q.shape[0])
+        positions = positions + offset if offset else positions
+        return self.rotate(q, k, positions, positions)
+
+    # ------------------------------------------------------------------ copying
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        del state["_lock"]
+        state["_state"] = replace(self._state, tables={})
+        state["_freq_hooks"] = {}  # hooks belong to the original's cache owner
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self._lock = threading.Lock()
+
+    def extra_repr(self) -> str:
+        return (
+            f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base}, "
+            f"scaling={self.scaling}, interleaved={self.interleaved}"
+        )
+
+
+def _length_of(q_pos: Tensor, k_pos: Tensor) -> int:
+    """``max(position) + 1`` over queries and keys (floor for float positions)."""
+    highs = [float(p.max()) for p in (q_pos, k_pos) if p.numel()]
+    return max(math.floor(max(highs)) + 1, 0) if highs else 0
