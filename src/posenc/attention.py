@@ -138,13 +138,14 @@ class MultiHeadAttention(nn.Module):
         if position is None:
             position = NoPE()
         elif isinstance(position, str):
-            position = build(
-                position,
-                d_model=self.d_model,
-                num_heads=self.num_heads,
-                head_dim=self.head_dim,
-                causal=self.causal,
-            )
+            shape = {"num_heads": self.num_heads, "head_dim": self.head_dim}
+            try:
+                position = build(position, d_model=self.d_model, causal=self.causal, **shape)
+            except TypeError as err:
+                raise TypeError(
+                    f"encoding {position!r} needs arguments beyond the model shape ({err}); "
+                    f"pass an instance: position=posenc.build({position!r}, ...)"
+                ) from err
         elif not isinstance(position, PositionalEncoding):
             raise TypeError(
                 "position must be None, a registered name or a PositionalEncoding, "
