@@ -6,6 +6,10 @@ Public API re-exports only; see each module for shapes, formulas and citations.
 from posenc.attention import MultiHeadAttention
 from posenc.base import Compose, PositionalEncoding, Site, available, build, info, register
 from posenc.encodings import (
+    FIRE,
+    KERPLE,
+    ALiBi,
+    CoPE,
     DefaultRope,
     DynamicNTKScaling,
     FrequencyChange,
@@ -17,9 +21,13 @@ from posenc.encodings import (
     NTKScaling,
     RopeScaling,
     RotaryEmbedding,
+    Sandwich,
+    ShawRelativePosition,
     SinusoidalPositionalEncoding,
+    T5RelativeBias,
     XPos,
     YarnScaling,
+    alibi_slopes,
     apply_rope,
     rerotate_keys,
     rope_cos_sin,
@@ -28,6 +36,7 @@ from posenc.encodings import (
     rope_weight_to_interleaved,
     scaling_types,
     sinusoidal_table,
+    t5_relative_position_bucket,
 )
 from posenc.hf import rope_from_hf_config
 from posenc.kv_cache import KVCache
@@ -35,6 +44,10 @@ from posenc.kv_cache import KVCache
 __version__ = "0.1.0"
 
 __all__ = [
+    "FIRE",
+    "KERPLE",
+    "ALiBi",
+    "CoPE",
     "Compose",
     "DefaultRope",
     "DynamicNTKScaling",
@@ -50,11 +63,15 @@ __all__ = [
     "PositionalEncoding",
     "RopeScaling",
     "RotaryEmbedding",
+    "Sandwich",
+    "ShawRelativePosition",
     "SinusoidalPositionalEncoding",
     "Site",
+    "T5RelativeBias",
     "XPos",
     "YarnScaling",
     "__version__",
+    "alibi_slopes",
     "apply_rope",
     "available",
     "build",
@@ -68,4 +85,5 @@ __all__ = [
     "rope_weight_to_interleaved",
     "scaling_types",
     "sinusoidal_table",
+    "t5_relative_position_bucket",
 ]

@@ -1,5 +1,9 @@
 """One module per encoding family; importing this package registers all of them."""
 
+from posenc.encodings.alibi import ALiBi, alibi_bias, alibi_slopes
+from posenc.encodings.cope import CoPE, cope_bias, cope_positions
+from posenc.encodings.fire import FIRE, fire_bias, fire_normalized_distance
+from posenc.encodings.kerple import KERPLE, KERPLE_KERNELS, kerple_bias
 from posenc.encodings.learned import LearnedPositionalEncoding
 from posenc.encodings.nope import NoPE
 from posenc.encodings.rope import FrequencyChange, RotaryEmbedding
@@ -25,10 +29,23 @@ from posenc.encodings.rope_scaling_extended import (
     NTKScaling,
     YarnScaling,
 )
+from posenc.encodings.sandwich import Sandwich, sandwich_bias
+from posenc.encodings.shaw import (
+    ShawRelativePosition,
+    shaw_relative_index,
+    shaw_score_bias,
+    shaw_value_term,
+)
 from posenc.encodings.sinusoidal import SinusoidalPositionalEncoding, sinusoidal_table
+from posenc.encodings.t5 import T5RelativeBias, t5_relative_bias, t5_relative_position_bucket
 from posenc.encodings.xpos import XPos, xpos_scale
 
 __all__ = [
+    "FIRE",
+    "KERPLE",
+    "KERPLE_KERNELS",
+    "ALiBi",
+    "CoPE",
     "DefaultRope",
     "DynamicNTKScaling",
     "FrequencyChange",
@@ -40,17 +57,33 @@ __all__ = [
     "NoPE",
     "RopeScaling",
     "RotaryEmbedding",
+    "Sandwich",
+    "ShawRelativePosition",
     "SinusoidalPositionalEncoding",
+    "T5RelativeBias",
     "XPos",
     "YarnScaling",
+    "alibi_bias",
+    "alibi_slopes",
     "apply_rope",
+    "cope_bias",
+    "cope_positions",
+    "fire_bias",
+    "fire_normalized_distance",
+    "kerple_bias",
     "rerotate_keys",
     "rope_cos_sin",
     "rope_inv_freq",
     "rope_weight_to_half_split",
     "rope_weight_to_interleaved",
+    "sandwich_bias",
     "scaling_from_dict",
     "scaling_types",
+    "shaw_relative_index",
+    "shaw_score_bias",
+    "shaw_value_term",
     "sinusoidal_table",
+    "t5_relative_bias",
+    "t5_relative_position_bucket",
     "xpos_scale",
 ]

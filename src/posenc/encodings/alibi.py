@@ -1,0 +1,149 @@
+"""ALiBi: attention with linear biases (Press, Smith and Lewis 2022, "Train Short, Test
+Long", sec. 3).
+
+Shapes: ``B`` batch, ``H`` heads, ``Tq`` queries, ``Tk`` keys. Head ``h`` adds to the
+logit of query position ``i`` and key position ``j``
+
+    causal:         b_h(i, j) = -m_h * (i - j)
+    bidirectional:  b_h(i, j) = -m_h * |i - j|
+
+with the geometric slopes of the paper's code: for ``H`` a power of two,
+``m_h = 2 ** (-8 h / H)``, ``h = 1..H``; otherwise, with ``c`` the largest power of two
+below ``H``, the ``c`` slopes of ``c`` heads followed by the first ``H - c`` of every
+other slope of ``2c`` heads (``slopes(2c)[0::2]``).
+
+The bias is computed from ``q_pos - k_pos`` itself, in float32 (float64 for float64
+inputs), and rounded to the output dtype once. It is *not* the row-shifted ``m * j``
+shortcut (equal to it only under a causal mask, after the softmax): that one holds
+values of size ``m * T`` whose bf16 rounding erases the one-step differences between
+neighbouring keys at long lengths, while here the bias near the diagonal stays small and
+exact. Under a causal mask the keys after the query are masked, so ``causal=True`` leaves
+their (positive) bias unused; use ``causal=False`` without one.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+from torch import Tensor
+
+from posenc._checks import check_int
+from posenc.base import PositionalEncoding, Site, register
+from posenc.encodings._relative import (
+    ScoreMod,
+    check_hook_inputs,
+    check_position_pair,
+    offset_score_mod,
+    per_head,
+    toeplitz_bias,
+)
+
+__all__ = ["ALiBi", "alibi_bias", "alibi_slopes"]
+
+
+def alibi_slopes(num_heads: int, *, dtype: torch.dtype = torch.float32) -> Tensor:
+    """The ALiBi slope of each head, ``[H]``, for any head count.
+
+    Args:
+        num_heads: ``H >= 1``.
+        dtype: output dtype (the slopes are computed in float64 and rounded once).
+
+    Returns:
+        ``[H]`` slopes, largest (most local head) first.
+
+    Raises:
+        ValueError: ``num_heads < 1``. TypeError: a non-integer ``num_heads``.
+    """
+    num_heads = check_int("num_heads", num_heads)
+    c = 1 << (num_heads.bit_length() - 1)  # largest power of two <= H
+    h = torch.arange(1, c + 1, dtype=torch.float64)
+    slopes = torch.exp2(-8.0 * h / c)
+    if c < num_heads:
+        odd = torch.arange(1, 2 * (num_heads - c), 2, dtype=torch.float64)
+        slopes = torch.cat((slopes, torch.exp2(-8.0 * odd / (2 * c))))
+    return slopes.to(dtype)
+
+
+def _alibi_fn(slopes: Tensor, causal: bool):
+    def fn(d: Tensor, dtype: torch.dtype) -> Tensor:
+        negated = -d if causal else -d.abs()  # exact in int64; no -0.0 on the diagonal
+        return per_head(slopes, dtype) * negated.to(dtype)
+
+    return fn
+
+
+def alibi_bias(
+    q_pos: Tensor,
+    k_pos: Tensor,
+    num_heads: int,
+    *,
+    causal: bool = True,
+    dtype: torch.dtype = torch.float32,
+) -> Tensor:
+    """ALiBi bias for explicit positions.
+
+    Args:
+        q_pos: query positions ``[Tq]`` or ``[B, Tq]`` (integer or float).
+        k_pos: key positions ``[Tk]`` or ``[B, Tk]``.
+        num_heads: ``H``.
+        causal: ``-m (i - j)`` when True, ``-m |i - j|`` when False.
+        dtype: output dtype.
+
+    Returns:
+        ``[B|1, H, Tq, Tk]``.
+    """
+    q_pos, k_pos = check_position_pair(q_pos, k_pos)
+    slopes = alibi_slopes(num_heads, dtype=torch.float64).to(q_pos.device)
+    return toeplitz_bias(_alibi_fn(slopes, causal), q_pos, k_pos, dtype)
+
+
+@register(
+    "alibi",
+    paper="Press et al. 2022, Train Short, Test Long: Attention with Linear Biases",
+    description="per-head linear penalty -m * distance on the attention logits; no parameters",
+)
+class ALiBi(PositionalEncoding):
+    """ALiBi as a SCORE-site encoding (no parameters).
+
+    Args:
+        num_heads: ``H``; the slopes follow ``alibi_slopes(H)``.
+        causal: True for ``-m (i - j)`` (keys after the query must be masked), False for
+            the symmetric ``-m |i - j|``.
+
+    Raises:
+        ValueError: ``num_heads < 1``.
+    """
+
+    sites = Site.SCORE
+
+    def __init__(self, num_heads: int, *, causal: bool = True) -> None:
+        super().__init__()
+        self.num_heads = check_int("num_heads", num_heads)
+        self.causal = bool(causal)
+        self._slopes: dict[torch.device, Tensor] = {}
+        self._lock = threading.Lock()
+
+    def slopes(self, device: torch.device | str | None = None) -> Tensor:
+        """The float64 slopes ``[H]`` on ``device`` (cached; not a buffer)."""
+        device = torch.device(device or "cpu")
+        cached = self._slopes.get(device)
+        if cached is None:
+            with self._lock:
+                cached = alibi_slopes(self.num_heads, dtype=torch.float64).to(device)
+                self._slopes[device] = cached
+        return cached
+
+    def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """``[B|1, H, Tq, Tk]`` bias in ``q``'s dtype."""
+        q_pos, k_pos = check_hook_inputs(q, k, q_pos, k_pos, num_heads=self.num_heads)
+        fn = _alibi_fn(self.slopes(q.device), self.causal)
+        return toeplitz_bias(fn, q_pos, k_pos, q.dtype)
+
+    def score_mod(self, device: torch.device | str | None = None) -> ScoreMod:
+        """FlexAttention ``score_mod`` adding this bias (query/key indices as positions),
+        for inputs on ``device``."""
+        return offset_score_mod(_alibi_fn(self.slopes(device), self.causal))
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}, causal={self.causal}"

@@ -1,0 +1,131 @@
+"""CoPE: contextual position encoding (Golovneva, Wang, Weston and Sukhbaatar 2024,
+"Contextual Position Encoding: Learning to Count What's Important", eqs. (3)-(6)).
+
+Shapes: ``B`` batch, ``H`` heads, ``Tq`` queries, ``Tk`` keys, ``D`` head_dim, ``P``
+npos_max. Positions are counted by the content: for a query ``i`` and each key ``j`` it
+can see (``k_pos[j] <= q_pos[i]``)
+
+    g_ij = sigmoid(q_i . k_j / sqrt(D))                     gates
+    p_ij = min(sum_{t = j..i} g_it, P - 1)                  contextual position
+    e[p] = (1 - w) e[floor p] + w e[ceil p],  w = p - floor p
+    b_ij = q_i . e[p_ij] / sqrt(D)                          the logits bias
+
+with a learned table ``e [P, D]`` shared by the heads (zeros at start, as in the paper's
+code). Every query product carries the attention module's ``1 / sqrt(D)``, so the logits
+are ``q_i . (k_j + e[p_ij]) / sqrt(D)``, the paper's eq. (6) under standard scaling (its
+code leaves ``q . e`` unscaled, which is the same model with ``e`` scaled by
+``sqrt(D)``). ``q . e`` is computed for the ``P`` integer positions only
+(``[B, H, Tq, P]``) and gathered at ``floor p`` and ``ceil p``.
+
+The causal set is defined by positions (``k_pos <= q_pos``), so a block of queries and
+one-token decoding against a KV cache give the rows of the full bias; the sum runs over
+the key axis in storage order, which must be non-decreasing in position (as in a cache).
+Gates and positions are computed in float32 (float64 for float64 inputs). CoPE is only
+defined under a causal mask (``causal_only``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from posenc._checks import check_int, check_tensor
+from posenc.base import PositionalEncoding, Site, register
+from posenc.encodings._relative import check_hook_inputs, compute_dtype
+
+__all__ = ["CoPE", "cope_bias", "cope_positions"]
+
+
+def cope_positions(q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, npos_max: int) -> Tensor:
+    """Contextual positions ``p_ij``, ``[B, H, Tq, Tk]`` in float32 (float64 for float64).
+
+    Args:
+        q: ``[B, H, Tq, D]`` queries.
+        k: ``[B, H, Tk, D]`` keys, in non-decreasing position order.
+        q_pos: ``[Tq]`` or ``[B, Tq]`` positions.
+        k_pos: ``[Tk]`` or ``[B, Tk]`` positions.
+        npos_max: ``P``; positions are clipped to ``P - 1``.
+
+    Returns:
+        ``p_ij = min(sum over visible keys t at or after j of g_it, P - 1)``; 0 for keys
+        the query cannot see.
+
+    Raises:
+        ValueError: wrong ranks or shapes, ``npos_max < 1``.
+    """
+    npos_max = check_int("npos_max", npos_max)
+    q_pos, k_pos = check_hook_inputs(q, k, q_pos, k_pos)
+    work = compute_dtype(q.dtype)
+    logits = torch.matmul(q, k.transpose(-2, -1)).to(work) * q.shape[-1] ** -0.5
+    visible = (q_pos.unsqueeze(-1) >= k_pos.unsqueeze(-2)).view(-1, 1, *logits.shape[-2:])
+    gates = torch.sigmoid(logits) * visible  # [B, H, Tq, Tk]
+    return gates.flip(-1).cumsum(-1).flip(-1).clamp(max=npos_max - 1)
+
+
+def cope_bias(q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, pos_emb: Tensor) -> Tensor:
+    """The CoPE logits bias ``q_i . e[p_ij] / sqrt(D)``.
+
+    Args:
+        q: ``[B, H, Tq, D]`` queries.
+        k: ``[B, H, Tk, D]`` keys, in non-decreasing position order.
+        q_pos: ``[Tq]`` or ``[B, Tq]`` positions.
+        k_pos: ``[Tk]`` or ``[B, Tk]`` positions.
+        pos_emb: ``e [P, D]``.
+
+    Returns:
+        ``[B, H, Tq, Tk]`` in ``q``'s dtype.
+
+    Raises:
+        ValueError: wrong ranks or shapes, or ``pos_emb`` not ``[P, D]``.
+    """
+    check_tensor("pos_emb", pos_emb, ndim=2)
+    check_tensor("q", q, ndim=4)
+    if pos_emb.shape[1] != q.shape[-1]:
+        raise ValueError(
+            f"pos_emb must be [npos_max, head_dim={q.shape[-1]}], got {tuple(pos_emb.shape)}"
+        )
+    p = cope_positions(q, k, q_pos, k_pos, pos_emb.shape[0])
+    work = p.dtype
+    per_position = torch.matmul(q, pos_emb.to(q.dtype).T).to(work) * q.shape[-1] ** -0.5
+    low = p.floor()
+    w = p - low  # gradient reaches the gates through the interpolation weight
+    at_low = per_position.gather(-1, low.long())  # [B, H, Tq, Tk]
+    at_high = per_position.gather(-1, p.ceil().long())
+    return (at_low + w * (at_high - at_low)).to(q.dtype)
+
+
+@register(
+    "cope",
+    paper="Golovneva et al. 2024, Contextual Position Encoding (CoPE)",
+    description="positions counted by sigmoid gates of q.k; interpolated learned embeddings",
+)
+class CoPE(PositionalEncoding):
+    """CoPE as a SCORE-site encoding (causal attention only).
+
+    Args:
+        head_dim: ``D``.
+        npos_max: ``P``, the number of position embeddings (contextual positions are
+            clipped to ``P - 1``).
+        causal: must be True.
+
+    Raises:
+        ValueError: ``head_dim`` or ``npos_max`` < 1, or ``causal=False``.
+    """
+
+    sites = Site.SCORE
+    causal_only = True
+
+    def __init__(self, head_dim: int, *, npos_max: int = 64, causal: bool = True) -> None:
+        super().__init__()
+        if not causal:
+            raise ValueError("CoPE is only defined for causal attention, got causal=False")
+        self.head_dim = check_int("head_dim", head_dim)
+        self.npos_max = check_int("npos_max", npos_max)
+        self.pos_emb = nn.Parameter(torch.zeros(self.npos_max, self.head_dim))
+
+    def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """``[B, H, Tq, Tk]`` bias in ``q``'s dtype."""
+        return cope_bias(q, k, q_pos, k_pos, self.pos_emb)
+
+    def extra_repr(self) -> str:
+        return f"head_dim={self.head_dim}, npos_max={self.npos_max}"

@@ -1,0 +1,165 @@
+"""FIRE: functional interpolation for relative positions (Li et al. 2024, "Functional
+Interpolation for Relative Positions Improves Long Context Transformers", ICLR, eq. (3)
+and sec. 3.2).
+
+Shapes: ``B`` batch, ``H`` heads, ``Tq`` queries, ``Tk`` keys. For query position ``i`` and
+key position ``j``
+
+    b(i, j) = f_theta( psi(i - j) / psi(max(L, i)) ),      psi(x) = log(c * x + 1),
+
+with ``f_theta: R -> R^H`` a small MLP (one hidden ReLU layer of width 32, one output per
+head), ``c > 0`` learned (``psi`` takes ``|c x|``, as the paper's code does) and the
+threshold ``L`` learned as ``|L_multiplier * init_L|``. The normalization by the *query*
+position makes the input lie in ``[0, 1]`` for every causal pair (progressive
+interpolation), so ``b`` is not shift invariant once ``i`` exceeds ``L``; below ``L`` it
+depends on ``i - j`` only. A small ``eps`` is added to the normalizer (as in the
+paper's code). Keys after the query (reached only without a causal mask) use
+``|i - j|``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+from posenc._checks import check_float, check_int
+from posenc.base import PositionalEncoding, Site, register
+from posenc.encodings._relative import (
+    ScoreMod,
+    check_hook_inputs,
+    check_position_pair,
+    compute_dtype,
+)
+
+__all__ = ["FIRE", "fire_bias", "fire_normalized_distance"]
+
+
+def _normalized(q: Tensor, k: Tensor, c: Tensor, threshold: Tensor, eps: float) -> Tensor:
+    """``psi(|q - k|) / (psi(max(L, q)) + eps)`` for broadcastable positions ``q``, ``k``."""
+    dtype = c.dtype
+    integer = not (q.is_floating_point() or k.is_floating_point())
+    d = (q.to(torch.int64) - k.to(torch.int64)).to(dtype) if integer else q.to(dtype) - k.to(dtype)
+    numerator = torch.log1p((c * d).abs())
+    normalizer = torch.log1p((c * torch.maximum(q.to(dtype), threshold)).abs()) + eps
+    return numerator / normalizer
+
+
+def fire_normalized_distance(
+    q_pos: Tensor,
+    k_pos: Tensor,
+    *,
+    c: float | Tensor = 0.1,
+    threshold: float | Tensor = 512.0,
+    eps: float = 1e-6,
+) -> Tensor:
+    """FIRE's MLP input ``psi(|i - j|) / (psi(max(L, i)) + eps)``, ``[B|1, Tq, Tk]``.
+
+    Args:
+        q_pos: ``[Tq]`` or ``[B, Tq]`` query positions ``i``.
+        k_pos: ``[Tk]`` or ``[B, Tk]`` key positions ``j``.
+        c: the log-transform scale.
+        threshold: ``L``, the smallest normalizing position.
+        eps: added to the normalizer.
+
+    Returns:
+        float32 (float64 if ``c`` is) ``[B|1, Tq, Tk]``.
+    """
+    q_pos, k_pos = check_position_pair(q_pos, k_pos)
+    c = torch.as_tensor(c, device=q_pos.device)
+    c = c.to(compute_dtype(c.dtype) if c.is_floating_point() else torch.float32)
+    threshold = torch.as_tensor(threshold, dtype=c.dtype, device=q_pos.device)
+    u = _normalized(q_pos.unsqueeze(-1), k_pos.unsqueeze(-2), c, threshold, eps)
+    return u.view(-1, *u.shape[-2:])
+
+
+def fire_bias(
+    q_pos: Tensor,
+    k_pos: Tensor,
+    mlp: Callable[[Tensor], Tensor],
+    *,
+    c: float | Tensor = 0.1,
+    threshold: float | Tensor = 512.0,
+    eps: float = 1e-6,
+) -> Tensor:
+    """The FIRE bias ``mlp(u[..., None])`` moved to ``[B|1, H, Tq, Tk]``.
+
+    Args:
+        q_pos, k_pos, c, threshold, eps: as in ``fire_normalized_distance``.
+        mlp: maps ``[..., 1]`` to ``[..., H]``.
+    """
+    u = fire_normalized_distance(q_pos, k_pos, c=c, threshold=threshold, eps=eps)
+    return mlp(u.unsqueeze(-1)).permute(0, 3, 1, 2)
+
+
+@register(
+    "fire",
+    paper="Li et al. 2024, Functional Interpolation for Relative Positions (FIRE)",
+    description="learned MLP of the log-scaled distance normalized by the query position",
+)
+class FIRE(PositionalEncoding):
+    """FIRE as a SCORE-site encoding.
+
+    Args:
+        num_heads: ``H``, the MLP's outputs.
+        hidden: width of the MLP's hidden layer (32 in the paper).
+        init_c: initial ``c`` (0.1 in the paper).
+        init_L: initial threshold ``L`` (512 in the paper).
+        eps: added to the normalizer.
+
+    Raises:
+        ValueError: ``num_heads`` or ``hidden`` < 1, ``init_c`` or ``init_L`` <= 0,
+            ``eps`` < 0.
+    """
+
+    sites = Site.SCORE
+
+    def __init__(
+        self,
+        num_heads: int,
+        *,
+        hidden: int = 32,
+        init_c: float = 0.1,
+        init_L: float = 512.0,
+        eps: float = 1e-6,
+    ) -> None:
+        super().__init__()
+        self.num_heads = check_int("num_heads", num_heads)
+        self.hidden = check_int("hidden", hidden)
+        self.init_L = check_float("init_L", init_L, positive=True)
+        self.eps = check_float("eps", eps, minimum=0.0)
+        self.mlp = nn.Sequential(
+            nn.Linear(1, self.hidden), nn.ReLU(), nn.Linear(self.hidden, self.num_heads)
+        )
+        self.c = nn.Parameter(torch.tensor(check_float("init_c", init_c, positive=True)))
+        self.L_multiplier = nn.Parameter(torch.tensor(1.0))
+
+    @property
+    def threshold(self) -> Tensor:
+        """The learned threshold ``L = |L_multiplier * init_L|``."""
+        return (self.L_multiplier * self.init_L).abs()
+
+    def _bias(self, q: Tensor, k: Tensor) -> Tensor:
+        """``[..., H]`` for broadcastable position tensors ``q``, ``k``."""
+        work = compute_dtype(self.c.dtype)
+        weight_dtype = self.mlp[0].weight.dtype
+        u = _normalized(q, k, self.c.to(work), self.threshold.to(work), self.eps)
+        return self.mlp(u.to(weight_dtype).unsqueeze(-1))
+
+    def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """``[B|1, H, Tq, Tk]`` bias in ``q``'s dtype."""
+        q_pos, k_pos = check_hook_inputs(q, k, q_pos, k_pos)
+        bias = self._bias(q_pos.unsqueeze(-1), k_pos.unsqueeze(-2)).movedim(-1, -3)
+        return (bias if bias.dim() == 4 else bias.unsqueeze(0)).to(q.dtype)  # [B|1, H, Tq, Tk]
+
+    def score_mod(self) -> ScoreMod:
+        """FlexAttention ``score_mod`` adding this bias (query/key indices as positions)."""
+
+        def score_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor):
+            return score + self._bias(q_idx, kv_idx)[h].to(score.dtype)
+
+        return score_mod
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}, hidden={self.hidden}, init_L={self.init_L}"

@@ -1,0 +1,182 @@
+"""KERPLE: kernelized relative positional embedding (Chi, Fan, Ramadge and Rudnicky 2022,
+"KERPLE: Kernelized Relative Positional Embedding for Length Extrapolation", sec. 4.2,
+eqs. (3)-(4)).
+
+Shapes: ``B`` batch, ``H`` heads, ``Tq`` queries, ``Tk`` keys. Head ``h`` adds a
+conditionally positive definite kernel of the distance ``|i - j|`` to the logits:
+
+    log:    b_h(i, j) = -r1_h * log(1 + r2_h * |i - j|),     r1, r2 > 0
+    power:  b_h(i, j) = -r1_h * |i - j| ** r2_h,             r1 > 0, 0 < r2 <= 2
+
+``r1`` and ``r2`` are learned per head. The paper's code keeps them in range by clamping
+the parameters in place after each step (``min 1e-2``, and ``max 2`` for the power
+exponent); an in-place clamp inside ``forward`` breaks autograd when one module serves
+several layers, so here they are reparametrized instead: ``r = softplus(rho)`` for the
+positive ones and ``r2 = 2 * sigmoid(rho)`` for the power exponent. They start from the
+paper's uniform initialisation (log: ``r1 ~ U(0, 2)``, ``r2 ~ U(0, 1)``; power:
+``r1 ~ U(0, 1)``, ``r2 ~ U(0, 2)``, each at least ``1e-2``) unless given.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from posenc._checks import check_float, check_int
+from posenc.base import PositionalEncoding, Site, register
+from posenc.encodings._relative import (
+    ScoreMod,
+    check_hook_inputs,
+    check_position_pair,
+    compute_dtype,
+    offset_score_mod,
+    per_head,
+    toeplitz_bias,
+)
+
+__all__ = ["KERPLE", "KERPLE_KERNELS", "kerple_bias"]
+
+KERPLE_KERNELS = ("log", "power")
+
+#: The paper's lower clamp of both parameters (and of their random initialisation).
+_EPS = 1e-2
+
+#: Largest sigmoid fraction used for an initial ``r2 = 2``: its float32 sigmoid is 1.
+_MAX_FRACTION = 1.0 - 2.0**-30
+
+
+def _check_kernel(kernel: object) -> str:
+    if kernel not in KERPLE_KERNELS:
+        raise ValueError(f"unknown KERPLE kernel {kernel!r}; known kernels: log, power")
+    return str(kernel)
+
+
+def _check_r2(kernel: str, r2: object) -> float:
+    r2 = check_float("r2", r2, positive=True)
+    if kernel == "power" and r2 > 2.0:
+        raise ValueError(f"r2 must be in (0, 2] for the power kernel, got {r2}")
+    return r2
+
+
+def _kerple_fn(r1: Tensor, r2: Tensor, kernel: str):
+    def fn(d: Tensor, dtype: torch.dtype) -> Tensor:
+        distance = d.to(dtype).abs()
+        a, p = per_head(r1, dtype), per_head(r2, dtype)
+        if kernel == "log":
+            return -a * torch.log1p(p * distance)
+        return -a * distance.pow(p)
+
+    return fn
+
+
+def kerple_bias(
+    q_pos: Tensor,
+    k_pos: Tensor,
+    r1: Tensor,
+    r2: Tensor,
+    *,
+    kernel: str = "log",
+    dtype: torch.dtype = torch.float32,
+) -> Tensor:
+    """KERPLE bias for explicit positions and per-head parameters.
+
+    Args:
+        q_pos: ``[Tq]`` or ``[B, Tq]`` positions.
+        k_pos: ``[Tk]`` or ``[B, Tk]`` positions.
+        r1: ``[H]`` positive scales.
+        r2: ``[H]`` positive (log) or in ``(0, 2]`` (power) parameters.
+        kernel: ``"log"`` or ``"power"``.
+        dtype: output dtype.
+
+    Returns:
+        ``[B|1, H, Tq, Tk]``.
+
+    Raises:
+        ValueError: an unknown ``kernel``, or ``r1``/``r2`` not matching ``[H]`` shapes.
+    """
+    kernel = _check_kernel(kernel)
+    if r1.dim() != 1 or r1.shape != r2.shape:
+        raise ValueError(f"r1 and r2 must both be [H], got {tuple(r1.shape)} and {tuple(r2.shape)}")
+    q_pos, k_pos = check_position_pair(q_pos, k_pos)
+    return toeplitz_bias(_kerple_fn(r1, r2, kernel), q_pos, k_pos, dtype)
+
+
+def _inverse_softplus(x: Tensor) -> Tensor:
+    return x + torch.log(-torch.expm1(-x))
+
+
+def _logit(fraction: Tensor) -> Tensor:
+    fraction = fraction.clamp(max=_MAX_FRACTION)
+    return torch.log(fraction) - torch.log1p(-fraction)
+
+
+@register(
+    "kerple",
+    paper="Chi et al. 2022, KERPLE: Kernelized Relative Positional Embedding",
+    description="learned per-head log or power kernel of the distance on the logits",
+)
+class KERPLE(PositionalEncoding):
+    """KERPLE's learned kernel bias (SCORE site).
+
+    Args:
+        num_heads: ``H``.
+        kernel: ``"log"`` (the paper's best) or ``"power"``.
+        r1: initial value of every head's ``r1`` (> 0); None: the paper's random init.
+        r2: initial value of every head's ``r2`` (> 0, and <= 2 for ``"power"``); None:
+            the paper's random init.
+
+    Attributes:
+        r1, r2: the effective per-head parameters ``[H]`` (always in range).
+
+    Raises:
+        ValueError: ``num_heads < 1``, an unknown ``kernel``, ``r1 <= 0``, or ``r2`` out of
+            range.
+    """
+
+    sites = Site.SCORE
+
+    def __init__(
+        self,
+        num_heads: int,
+        *,
+        kernel: str = "log",
+        r1: float | None = None,
+        r2: float | None = None,
+    ) -> None:
+        super().__init__()
+        self.num_heads = check_int("num_heads", num_heads)
+        self.kernel = _check_kernel(kernel)
+        scale1, scale2 = (2.0, 1.0) if self.kernel == "log" else (1.0, 2.0)
+        init1 = self._initial(None if r1 is None else check_float("r1", r1, positive=True), scale1)
+        init2 = self._initial(None if r2 is None else _check_r2(self.kernel, r2), scale2)
+        self.rho1 = nn.Parameter(_inverse_softplus(init1).float())
+        raw2 = _inverse_softplus(init2) if self.kernel == "log" else _logit(init2 / 2.0)
+        self.rho2 = nn.Parameter(raw2.float())
+
+    def _initial(self, value: float | None, scale: float) -> Tensor:
+        if value is not None:
+            return torch.full((self.num_heads,), value, dtype=torch.float64)
+        sample = torch.rand(self.num_heads, dtype=torch.float64) * scale
+        return sample.clamp(_EPS, scale * _MAX_FRACTION)
+
+    @property
+    def r1(self) -> Tensor:
+        return F.softplus(self.rho1.to(compute_dtype(self.rho1.dtype)))
+
+    @property
+    def r2(self) -> Tensor:
+        rho2 = self.rho2.to(compute_dtype(self.rho2.dtype))
+        return F.softplus(rho2) if self.kernel == "log" else 2.0 * torch.sigmoid(rho2)
+
+    def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """``[B|1, H, Tq, Tk]`` bias in ``q``'s dtype."""
+        q_pos, k_pos = check_hook_inputs(q, k, q_pos, k_pos, num_heads=self.num_heads)
+        return toeplitz_bias(_kerple_fn(self.r1, self.r2, self.kernel), q_pos, k_pos, q.dtype)
+
+    def score_mod(self) -> ScoreMod:
+        """FlexAttention ``score_mod`` adding this bias (query/key indices as positions)."""
+        return offset_score_mod(_kerple_fn(self.r1, self.r2, self.kernel))
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}, kernel={self.kernel!r}"
