@@ -1,0 +1,150 @@
+"""Byte-level text corpora that need no download.
+
+The default corpus is the running Python's own standard library: the ``*.py`` files
+directly under ``sysconfig.get_paths()["stdlib"]``, sorted by name, every tenth file
+(index ``% 10 == 5``) held out for evaluation, the rest for training. Any UTF-8 text
+file or folder can replace it (``--corpus``): a folder is split by file the same way
+when it has at least two files, a single file by bytes (the last tenth held out).
+
+Tokens are bytes (vocabulary 256); a ``Corpus`` holds ``uint8`` tensors and records
+which files it read and the sha256 of their names and contents, so a result names its
+data exactly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+__all__ = ["HELD_OUT_EVERY", "Corpus", "load_corpus", "stdlib_corpus"]
+
+#: One file in this many is held out (by sorted index).
+HELD_OUT_EVERY = 10
+_SEPARATOR = b"\n"
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """Training and held-out bytes with their provenance.
+
+    Attributes:
+        train: training bytes ``[N]`` (uint8).
+        heldout: held-out bytes ``[M]`` (uint8).
+        source: where the text came from (``"stdlib"`` or the given path).
+        root: the folder file names are relative to.
+        train_files: training file names, in order.
+        heldout_files: held-out file names, in order.
+        sha256: hash of every file name and content, in order.
+    """
+
+    train: Tensor
+    heldout: Tensor
+    source: str
+    root: str
+    train_files: tuple[str, ...]
+    heldout_files: tuple[str, ...]
+    sha256: str
+
+    def describe(self) -> dict[str, object]:
+        """JSON-ready provenance: files, sizes and hash (not the bytes)."""
+        return {
+            "source": self.source,
+            "root": self.root,
+            "sha256": self.sha256,
+            "train_bytes": int(self.train.numel()),
+            "heldout_bytes": int(self.heldout.numel()),
+            "train_files": list(self.train_files),
+            "heldout_files": list(self.heldout_files),
+        }
+
+
+def stdlib_corpus() -> Corpus:
+    """The standard library's top-level ``*.py`` sources on this machine.
+
+    Raises:
+        ValueError: the standard library folder holds fewer than two Python files.
+    """
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(p for p in root.glob("*.py") if p.is_file())
+    if len(files) < 2:
+        raise ValueError(f"the standard library folder {root} holds {len(files)} Python files")
+    return _from_files(root, files, source="stdlib")
+
+
+def load_corpus(path: str | Path | None) -> Corpus:
+    """Load ``path`` (a UTF-8 text file or a folder of them), or the stdlib when ``None``.
+
+    In a folder, hidden entries are skipped; every other file must be UTF-8 text.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ValueError: the text is empty, or a file is not UTF-8.
+    """
+    if path is None:
+        return stdlib_corpus()
+    root = Path(path)
+    if not root.exists():
+        raise FileNotFoundError(f"corpus {str(root)!r} does not exist")
+    if root.is_file():
+        return _from_files(root.parent, [root], source=str(root))
+    files = sorted(
+        p
+        for p in root.rglob("*")
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)
+    )
+    if not files:
+        raise ValueError(f"corpus folder {str(root)!r} holds no files")
+    return _from_files(root, files, source=str(root))
+
+
+def _read_text(path: Path) -> bytes:
+    data = path.read_bytes()
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"corpus file {str(path)!r} is not UTF-8 text ({exc.reason})") from None
+    return data
+
+
+def _from_files(root: Path, files: list[Path], *, source: str) -> Corpus:
+    digest = hashlib.sha256()
+    contents = []
+    for path in files:
+        data = _read_text(path)
+        name = path.relative_to(root).as_posix()
+        digest.update(name.encode() + b"\0" + data + b"\0")
+        contents.append((name, data))
+    if sum(len(data) for _, data in contents) == 0:
+        raise ValueError(f"corpus {source!r} is empty")
+    if len(contents) >= 2:
+        held = {i for i in range(len(contents)) if i % HELD_OUT_EVERY == HELD_OUT_EVERY // 2}
+        held = held or {len(contents) - 1}
+        train = [c for i, c in enumerate(contents) if i not in held]
+        heldout = [c for i, c in enumerate(contents) if i in held]
+        train_bytes = _SEPARATOR.join(data for _, data in train)
+        heldout_bytes = _SEPARATOR.join(data for _, data in heldout)
+    else:
+        data = contents[0][1]
+        cut = len(data) - len(data) // HELD_OUT_EVERY
+        train, heldout = contents, contents
+        train_bytes, heldout_bytes = data[:cut], data[cut:]
+    return Corpus(
+        train=_as_tensor(train_bytes),
+        heldout=_as_tensor(heldout_bytes),
+        source=source,
+        root=str(root),
+        train_files=tuple(name for name, _ in train),
+        heldout_files=tuple(name for name, _ in heldout),
+        sha256=digest.hexdigest(),
+    )
+
+
+def _as_tensor(data: bytes) -> Tensor:
+    if not data:
+        return torch.empty(0, dtype=torch.uint8)
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)

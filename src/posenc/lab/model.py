@@ -1,0 +1,88 @@
+"""A tiny pre-LayerNorm causal transformer language model around one positional encoding.
+
+Shapes: ``B`` batch, ``T`` length, ``C`` d_model, ``V`` vocabulary. The blocks follow
+GPT-2 (Radford et al. 2019): ``x + Attn(LN(x))`` then ``x + MLP(LN(x))``, a final
+LayerNorm and an untied output projection. One encoding instance serves every layer:
+its INPUT hook is applied here to the token embeddings, its QK / SCORE / VALUE hooks by
+``posenc.MultiHeadAttention`` in each block, so the lab measures the library's own
+attention. Token embeddings keep PyTorch's N(0, 1) initialisation, the scale of a
+sinusoidal table, so neither drowns the other at the start.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from posenc.attention import MultiHeadAttention
+from posenc.base import PositionalEncoding, Site
+
+__all__ = ["TinyLM"]
+
+
+class _Block(nn.Module):
+    def __init__(self, d_model: int, num_heads: int, encoding: PositionalEncoding) -> None:
+        super().__init__()
+        self.ln_attn = nn.LayerNorm(d_model)
+        self.attn = MultiHeadAttention(d_model, num_heads, position=encoding, causal=True)
+        self.ln_mlp = nn.LayerNorm(d_model)
+        self.mlp = nn.Sequential(
+            nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model)
+        )
+
+    def forward(self, x: Tensor, positions: Tensor) -> Tensor:
+        x = x + self.attn(self.ln_attn(x), positions)
+        return x + self.mlp(self.ln_mlp(x))
+
+
+class TinyLM(nn.Module):
+    """Causal LM: tokens ``[B, T]`` -> next-token logits ``[B, T, V]``.
+
+    Args:
+        encoding: the positional encoding (shared by all layers).
+        vocab_size: ``V`` (256 for bytes).
+        d_model: ``C``.
+        num_layers: number of blocks.
+        num_heads: attention heads (``C`` divisible by it).
+    """
+
+    def __init__(
+        self,
+        encoding: PositionalEncoding,
+        *,
+        vocab_size: int,
+        d_model: int,
+        num_layers: int,
+        num_heads: int,
+    ) -> None:
+        super().__init__()
+        self.shape = {
+            "vocab_size": vocab_size,
+            "d_model": d_model,
+            "num_layers": num_layers,
+            "num_heads": num_heads,
+        }
+        self.embedding = nn.Embedding(vocab_size, d_model)
+        self.encoding = encoding
+        self.blocks = nn.ModuleList(_Block(d_model, num_heads, encoding) for _ in range(num_layers))
+        self.ln_out = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab_size, bias=False)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        positions = torch.arange(tokens.shape[1], device=tokens.device)  # [T]
+        x = self.embedding(tokens)  # [B, T, C]
+        if self.encoding.sites & Site.INPUT:
+            x = self.encoding.embed(x, positions)
+        for block in self.blocks:
+            x = block(x, positions)
+        return self.head(self.ln_out(x))  # [B, T, V]
+
+    def with_encoding(self, encoding: PositionalEncoding) -> TinyLM:
+        """A copy of this model (same weights) that uses ``encoding`` instead.
+
+        Used to evaluate a rotary scaling or an interpolating learned table on a trained
+        model; ``encoding`` must have the same parameters as the current one.
+        """
+        twin = TinyLM(encoding, **self.shape).to(next(self.parameters()).device)
+        twin.load_state_dict(self.state_dict())
+        return twin

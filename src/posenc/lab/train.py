@@ -1,0 +1,140 @@
+"""Training loop of the lab: AdamW, linear warmup then cosine decay, NaN detection.
+
+Shapes: ``B`` batch, ``T`` length, ``V`` vocabulary. Batches come from a sampler that
+returns the *global* batch ``(inputs [B, T], targets [B, T])`` (targets ``-100`` are not
+scored); each process trains on its shard. The loss is the sum over the shard divided by
+the global count of scored tokens (times the process count, which DDP's gradient
+averaging divides out), so one process and several follow the same gradients.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from posenc.lab.corpus import Corpus
+from posenc.lab.distributed import Context
+from posenc.lab.tasks import IGNORE, Task
+
+__all__ = ["NonFiniteLoss", "TaskStream", "TextWindows", "TrainResult", "lr_at", "train"]
+
+#: At most this many (step, loss) points are kept for the results file.
+_CURVE_POINTS = 50
+_CLIP = 1.0
+
+
+class NonFiniteLoss(RuntimeError):
+    """The training loss became NaN or infinite; the run is reported as failed."""
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    steps: int
+    seconds: float
+    final_loss: float
+    curve: list[tuple[int, float]]
+
+
+class TextWindows:
+    """Random windows of ``length + 1`` bytes from ``data`` (inputs and next-byte targets).
+
+    The draw order depends only on ``seed``, so every encoding sees the same batches.
+    """
+
+    def __init__(self, data: Tensor, length: int, seed: int) -> None:
+        if data.numel() <= length + 1:
+            raise ValueError(
+                f"the training text has {data.numel()} bytes; windows of {length} need more"
+            )
+        self.data, self.length = data, length
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def __call__(self, batch_size: int) -> tuple[Tensor, Tensor]:
+        high = self.data.numel() - self.length - 1
+        starts = torch.randint(0, high + 1, (batch_size,), generator=self.gen)
+        window = self.data[starts[:, None] + torch.arange(self.length + 1)].long()  # [B, T+1]
+        return window[:, :-1], window[:, 1:]
+
+    @classmethod
+    def from_corpus(cls, corpus: Corpus, length: int, seed: int) -> TextWindows:
+        return cls(corpus.train, length, seed)
+
+
+class TaskStream:
+    """Synthetic examples of every size up to ``length`` (see ``posenc.lab.tasks``)."""
+
+    def __init__(self, task: Task, length: int, seed: int) -> None:
+        self.task, self.length = task, length
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def __call__(self, batch_size: int) -> tuple[Tensor, Tensor]:
+        return self.task.batch(batch_size, self.length, self.gen, exact=False)
+
+
+def lr_at(step: int, *, steps: int, warmup: int, peak: float) -> float:
+    """Learning rate at 0-based ``step``: linear warmup, cosine decay to ``peak / 10``."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return peak * (0.1 + 0.45 * (1.0 + math.cos(math.pi * min(1.0, progress))))
+
+
+def train(
+    model: nn.Module,
+    sampler: Callable[[int], tuple[Tensor, Tensor]],
+    *,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    warmup: int,
+    weight_decay: float,
+    context: Context,
+    on_step: Callable[[int, float], None] | None = None,
+) -> TrainResult:
+    """Train ``model`` in place for ``steps`` optimizer steps.
+
+    Raises:
+        NonFiniteLoss: the loss (summed over processes) is NaN or infinite.
+    """
+    net = context.wrap(model)
+    net.train()
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0}],
+        lr=lr,
+        betas=(0.9, 0.95),
+    )
+    every = max(1, steps // _CURVE_POINTS)
+    curve: list[tuple[int, float]] = []
+    start = time.perf_counter()
+    loss_value = float("nan")
+    for step in range(steps):
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, steps=steps, warmup=warmup, peak=lr)
+        inputs, targets = (context.shard(t).to(context.device) for t in sampler(batch_size))
+        logits = net(inputs)  # [B, T, V]
+        local = F.cross_entropy(
+            logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE, reduction="sum"
+        )
+        count = (targets != IGNORE).sum()
+        total, scored = context.sum(torch.stack((local.detach().double(), count.double()))).tolist()
+        loss_value = total / max(scored, 1.0)
+        if not math.isfinite(loss_value):
+            raise NonFiniteLoss(f"loss became {loss_value} at step {step + 1}")
+        optimizer.zero_grad(set_to_none=True)
+        (local * (context.world / max(scored, 1.0))).backward()
+        nn.utils.clip_grad_norm_(model.parameters(), _CLIP)
+        optimizer.step()
+        if step % every == 0 or step == steps - 1:
+            curve.append((step + 1, loss_value))
+        if on_step is not None:
+            on_step(step + 1, loss_value)
+    model.eval()
+    return TrainResult(steps, time.perf_counter() - start, loss_value, curve)
