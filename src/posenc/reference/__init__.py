@@ -12,6 +12,16 @@ from posenc.reference.absolute import (
     sinusoidal_positional_encoding,
     sinusoidal_positional_encoding_at,
 )
+from posenc.reference.biases import (
+    alibi_bias,
+    alibi_slopes,
+    fire_bias,
+    kerple_bias,
+    sandwich_bias,
+    t5_bias,
+    t5_relative_position_bucket,
+)
+from posenc.reference.content_biases import cope_bias, shaw_attention, shaw_logits
 from posenc.reference.rope import (
     dynamic_ntk_frequencies,
     linear_frequencies,
@@ -30,8 +40,13 @@ from posenc.reference.rope import (
 __all__ = [
     "LearnedPositionalEncoding",
     "SinusoidalPositionalEncoding",
+    "alibi_bias",
+    "alibi_slopes",
+    "cope_bias",
     "dynamic_ntk_frequencies",
+    "fire_bias",
     "interpolate_table",
+    "kerple_bias",
     "linear_frequencies",
     "llama3_frequencies",
     "longrope_attention_factor",
@@ -40,9 +55,14 @@ __all__ = [
     "rope_frequencies",
     "rope_rotate",
     "rope_rotation_matrix",
+    "sandwich_bias",
+    "shaw_attention",
+    "shaw_logits",
     "sinusoidal_frequencies",
     "sinusoidal_positional_encoding",
     "sinusoidal_positional_encoding_at",
+    "t5_bias",
+    "t5_relative_position_bucket",
     "xpos_rotate",
     "yarn_attention_factor",
     "yarn_frequencies",
