@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -111,7 +112,7 @@ class RotaryEmbedding(PositionalEncoding):
         inv_freq, scale = params.inv_freq(rotary_dim, base)
         self._state = _State(0, inv_freq, float(scale))
         self._lock = threading.Lock()
-        self._freq_hooks: dict[int, Callable[[FrequencyChange], None]] = {}
+        self._freq_hooks: OrderedDict[int, Callable[[FrequencyChange], None]] = OrderedDict()
 
     # ------------------------------------------------------------------ frequencies
 
@@ -278,7 +279,7 @@ class RotaryEmbedding(PositionalEncoding):
         state = self.__dict__.copy()
         del state["_lock"]
         state["_state"] = replace(self._state, tables={})
-        state["_freq_hooks"] = {}  # hooks belong to the original's cache owner
+        state["_freq_hooks"] = OrderedDict()  # hooks belong to the original's cache owner
         return state
 
     def __setstate__(self, state: dict) -> None:
