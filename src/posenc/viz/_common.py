@@ -8,6 +8,7 @@ suffix). matplotlib is imported inside the functions, so ``import posenc.viz`` i
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -35,27 +36,41 @@ def new_figure(width: float, height: float) -> Figure:
     return Figure(figsize=(width, height), layout="constrained")
 
 
+def figure_path(path: str | Path) -> Path:
+    """``path`` as a ``Path`` after checking its suffix is ``.png`` or ``.svg``.
+
+    Raises:
+        ValueError: another suffix.
+    """
+    path = Path(path)
+    if path.suffix.lower() not in FORMATS:
+        raise ValueError(f"cannot write {str(path)!r}: the suffix must be one of {FORMATS}")
+    return path
+
+
 def save_figure(fig: Figure, path: str | Path, *, dpi: int = 100) -> Path:
     """Write ``fig`` to ``path`` (``.png`` or ``.svg``, chosen by the suffix).
 
     SVGs keep their text as ``<text>`` elements and carry no date, so regenerating a
-    figure gives the same file.
+    figure gives the same file; PNGs are written as optimised RGB.
 
     Raises:
         ValueError: an unsupported suffix or a non-positive ``dpi``.
     """
     import matplotlib
 
-    path = Path(path)
-    if path.suffix.lower() not in FORMATS:
-        raise ValueError(f"cannot write {str(path)!r}: the suffix must be one of {FORMATS}")
+    path = figure_path(path)
     dpi = check_int("dpi", dpi)
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.suffix.lower() == ".svg":
         with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "posenc"}):
             fig.savefig(path, dpi=dpi, metadata={"Date": None})
-    else:
-        fig.savefig(path, dpi=dpi, metadata={"Software": None})
+    else:  # RGB (the figures are opaque) and optimised: about 10% smaller than RGBA
+        from PIL import Image
+
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png", dpi=dpi)
+        Image.open(buffer).convert("RGB").save(path, optimize=True)
     return path
 
 
@@ -134,7 +149,9 @@ def load_table(path: str | Path, *, key: str | None = None) -> np.ndarray:
 
     The file may hold the tensor itself, a state dict, or a dict wrapping one under
     ``"model"`` or ``"state_dict"`` (a checkpoint). Without ``key``, the table is the one
-    2-D floating tensor whose key names a position table (contains ``"pos"``).
+    2-D floating tensor whose key names a position table (contains ``"pos"`` or ends
+    with ``encoding.weight``, as in a ``posenc.lab.TinyLM`` state dict, where the shared
+    encoding appears once per layer).
     Loaded with ``torch.load(weights_only=True)``: no code in the file is run.
 
     Raises:
@@ -156,15 +173,17 @@ def load_table(path: str | Path, *, key: str | None = None) -> np.ndarray:
         if key not in obj:
             raise ValueError(f"key {key!r} is not in {str(path)!r}; keys: {', '.join(obj)}")
         return _as_table(obj[key], key)
-    found = [
-        k
-        for k, v in obj.items()
-        if isinstance(v, Tensor) and v.dim() == 2 and v.is_floating_point() and "pos" in k.lower()
-    ]
+    found: dict[str, Tensor] = {}
+    for name, value in obj.items():
+        usable = isinstance(value, Tensor) and value.dim() == 2 and value.is_floating_point()
+        named = "pos" in name.lower() or name.endswith("encoding.weight")
+        # one encoding shared by every layer appears under several keys: keep it once
+        if usable and named and not any(torch.equal(value, v) for v in found.values()):
+            found[name] = value
     if len(found) != 1:
         what = "no position table" if not found else f"several tables ({', '.join(found)})"
         raise ValueError(f"{str(path)!r} holds {what}; pass key= to choose one")
-    return _as_table(obj[found[0]], found[0])
+    return _as_table(*found.values(), str(path))
 
 
 def _as_table(x: Tensor | np.ndarray, name: str) -> np.ndarray:

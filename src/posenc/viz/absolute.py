@@ -69,7 +69,7 @@ def absolute_panel(
     """
     table, label = absolute_table(source, d_model=d_model, length=length, key=key)
     length, d_model = table.shape
-    fig = new_figure(13, 8.5)
+    fig = new_figure(12, 7.8)
     (ax_map, ax_pos), (ax_dim, ax_sim) = fig.subplots(2, 2)
     fig.suptitle(title or f"{label}: {length} positions x {d_model} dimensions", fontsize=14)
 
@@ -124,7 +124,7 @@ def similarity_figure(
     if not sources:
         raise ValueError("similarity_figure needs at least one source, got none")
     tables = [absolute_table(s, d_model=d_model, length=length) for s in sources]
-    fig = new_figure(15, 4.2 * len(tables))
+    fig = new_figure(14, 3.9 * len(tables))
     axes = fig.subplots(len(tables), 3, squeeze=False)
     fig.suptitle("similarity of positions: PE PE^T and cosine", fontsize=14)
     for (table, label), (ax_dot, ax_cos, ax_k) in zip(tables, axes, strict=True):
