@@ -54,11 +54,8 @@ def perplexity(
     for chunk in mine.split(per_batch):
         window = data[chunk[:, None] * length + offsets].long().to(context.device)  # [B, T+1]
         logits = model(window[:, :-1])  # [B, T, V]
-        nll += (
-            F.cross_entropy(logits.float().flatten(0, 1), window[:, 1:].flatten(), reduction="sum")
-            .double()
-            .cpu()
-        )
+        targets = window[:, 1:].flatten()
+        nll += F.cross_entropy(logits.double().flatten(0, 1), targets, reduction="sum").cpu()
     total = context.sum(nll)
     tokens = count * length
     loss = float(total) / tokens

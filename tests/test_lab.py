@@ -1,0 +1,339 @@
+"""posenc lab: the sweep end to end (quick mode, resume, NaN, Ctrl-C, bad input) and its
+parts (corpus, tasks, model, schedule, evaluation, variants, output folder)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from torch import Tensor, nn
+
+import posenc.base
+from posenc import PositionalEncoding, Site, cli, register
+from posenc.lab import LabConfig, Task, TinyLM, load_corpus
+from posenc.lab.corpus import HELD_OUT_EVERY, stdlib_corpus
+from posenc.lab.distributed import Context
+from posenc.lab.evaluate import accuracy, perplexity, window_count
+from posenc.lab.results import check_identity, write_json
+from posenc.lab.tasks import IGNORE
+from posenc.lab.train import lr_at
+from posenc.lab.variants import build_encoding, scaling_spec, variants
+
+TINY = ["--quick", "--steps", "12", "--d-model", "16", "--heads", "2", "--eval-tokens", "256",
+        "--threads", "1", "--no-progress"]  # fmt: skip
+
+
+def lab(out: Path, *options: str) -> int:
+    return cli.main(["lab", *TINY, "--out", str(out), *options])
+
+
+def results(out: Path) -> dict:
+    return json.loads((out / "results.json").read_text())
+
+
+@pytest.fixture
+def registered():
+    """Register test-only encodings; remove them afterwards."""
+    names: list[str] = []
+
+    def add(name: str, cls: type[PositionalEncoding]) -> None:
+        register(name, paper="test", description="test only")(cls)
+        names.append(name)
+
+    yield add
+    for name in names:
+        posenc.base._REGISTRY.pop(name)
+
+
+class NaNInput(PositionalEncoding):
+    sites = Site.INPUT
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    def embed(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
+        return x * float("nan")
+
+
+class Interrupt(NaNInput):
+    def embed(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
+        raise KeyboardInterrupt
+
+
+# ----------------------------------------------------------------------------- end to end
+
+
+def test_quick_command_writes_the_three_outputs(tmp_path):
+    cmd = [sys.executable, "-m", "posenc", "lab", "--quick", "--no-progress", "--threads", "1"]
+    proc = subprocess.run([*cmd, "--out", str(tmp_path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    res = results(tmp_path)
+    assert [run["encoding"] for run in res["runs"]] == list(res["config"]["encodings"])
+    assert res["status"] == "complete" and res["metric"] == "ppl"
+    assert res["data"]["sha256"] == stdlib_corpus().sha256
+    assert {"torch", "numpy", "posenc", "python"} <= set(res["environment"])
+    labels = [row["label"] for run in res["runs"] for row in run["rows"]]
+    assert {f"rope +{kind}" for kind in ("linear", "ntk", "dynamic", "yarn")} <= set(labels)
+    for run in res["runs"]:
+        for row in run["rows"]:
+            assert all(math.isfinite(v["ppl"]) for v in row["results"].values())
+    report = (tmp_path / "report.md").read_text()
+    assert "| rope +yarn |" in report and "perplexity.png" in report
+    assert (tmp_path / "perplexity.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "rope +yarn" in proc.stdout  # the final table
+
+
+def test_same_seed_same_numbers(tmp_path):
+    assert lab(tmp_path / "a", "--encodings", "rope") == 0
+    assert lab(tmp_path / "b", "--encodings", "rope") == 0
+    first, second = results(tmp_path / "a")["runs"], results(tmp_path / "b")["runs"]
+    assert [r["rows"] for r in first] == [r["rows"] for r in second]
+    assert first[0]["train"]["curve"] == second[0]["train"]["curve"]
+
+
+def test_learned_is_na_beyond_its_table_unless_interpolated(tmp_path):
+    assert lab(tmp_path, "--encodings", "learned", "--learned-beyond", "interpolate") == 0
+    rows = {row["label"]: row for row in results(tmp_path)["runs"][0]["rows"]}
+    assert rows["learned"]["results"]["32"] is not None
+    assert rows["learned"]["results"]["64"] is None and "max_len" in rows["learned"]["notes"]["64"]
+    assert all(v is not None for v in rows["learned +interpolate"]["results"].values())
+    assert "| learned | " in (tmp_path / "report.md").read_text()
+
+
+def test_resume_skips_finished_runs_and_refuses_another_config(tmp_path, capsys):
+    assert lab(tmp_path, "--encodings", "nope") == 0
+    before = (tmp_path / "runs" / "nope.json").read_text()
+    assert lab(tmp_path, "--encodings", "nope,alibi") == 0
+    assert "skipped: nope" in capsys.readouterr().out
+    assert (tmp_path / "runs" / "nope.json").read_text() == before
+    assert [r["encoding"] for r in results(tmp_path)["runs"]] == ["nope", "alibi"]
+    assert lab(tmp_path, "--encodings", "nope", "--seed", "1") == 2
+    err = capsys.readouterr().err.strip()
+    assert "different configuration" in err and "seed" in err and len(err.splitlines()) == 1
+
+
+def test_nan_run_is_failed_and_the_sweep_goes_on(tmp_path, registered, capsys):
+    registered("nan_input", NaNInput)
+    assert lab(tmp_path, "--encodings", "nan_input,nope") == 0
+    runs = {run["encoding"]: run for run in results(tmp_path)["runs"]}
+    assert runs["nan_input"]["status"] == "failed" and "nan" in runs["nan_input"]["error"]
+    assert runs["nope"]["status"] == "ok"
+    assert "nan_input: failed" in (tmp_path / "report.md").read_text()
+    capsys.readouterr()
+    assert lab(tmp_path, "--encodings", "nan_input,nope") == 0
+    assert "skipped: nan_input, nope" in capsys.readouterr().out
+
+
+def test_ctrl_c_keeps_what_finished(tmp_path, registered):
+    registered("interrupt", Interrupt)
+    assert lab(tmp_path, "--encodings", "nope,interrupt,alibi") == 130
+    res = results(tmp_path)
+    assert res["status"] == "interrupted"
+    assert [run["encoding"] for run in res["runs"]] == ["nope"]
+    assert (tmp_path / "runs" / "nope.json").exists() and (tmp_path / "perplexity.png").exists()
+    assert "interrupted" in (tmp_path / "report.md").read_text()
+    assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_task_sweep_reports_accuracy(tmp_path):
+    assert lab(tmp_path, "--task", "copy", "--encodings", "alibi", "--eval-examples", "8") == 0
+    res = results(tmp_path)
+    assert res["metric"] == "accuracy" and res["config"]["eval_lens"] == [16, 32, 48, 64]
+    for value in res["runs"][0]["rows"][0]["results"].values():
+        assert 0.0 <= value["accuracy"] <= 1.0 and value["examples"] == 8
+    assert (tmp_path / "accuracy.png").exists()
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--encodings", "nonesuch"], "unknown encoding 'nonesuch'"),
+        (["--train-len", "64", "--eval-lens", "32", "64"], "shorter than the training length"),
+        (["--corpus", "/nonexistent/text"], "does not exist"),
+        (["--steps", "many"], "invalid int value"),
+        (["--steps", "0"], "steps must be >= 1"),
+        (["--heads", "3"], "not divisible by num_heads=3"),
+        (["--scalings", "stretch"], "unknown scaling 'stretch'"),
+        (["--eval-lens", "32", "1e3"], "expected integers"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, options, message):
+    assert lab(tmp_path / "out", *options) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+def test_bad_corpus_is_one_line_and_exit_2(tmp_path, capsys):
+    empty, binary, short = tmp_path / "empty.txt", tmp_path / "bin.txt", tmp_path / "short.txt"
+    empty.write_text("")
+    binary.write_bytes(b"\xff\xfe\x00text")
+    short.write_text("tiny text " * 20)
+    (tmp_path / "folder").mkdir()
+    for path, message in [
+        (empty, "is empty"),
+        (binary, "not UTF-8"),
+        (short, "too few for one window"),
+        (tmp_path / "folder", "holds no files"),
+    ]:
+        assert lab(tmp_path / "out", "--corpus", str(path)) == 2
+        err = capsys.readouterr().err.strip()
+        assert message in err and len(err.splitlines()) == 1
+
+
+# ----------------------------------------------------------------------------- corpus
+
+
+def test_stdlib_corpus_is_deterministic_and_split_by_file():
+    first, second = stdlib_corpus(), stdlib_corpus()
+    assert first.sha256 == second.sha256 and torch.equal(first.train, second.train)
+    assert not set(first.train_files) & set(first.heldout_files)
+    names = sorted(first.train_files + first.heldout_files)
+    assert list(first.heldout_files) == names[HELD_OUT_EVERY // 2 :: HELD_OUT_EVERY]
+    assert first.train.dtype == torch.uint8 and first.heldout.numel() > 10_000
+
+
+def test_folder_and_file_corpora(tmp_path):
+    for i in range(12):
+        (tmp_path / f"doc{i:02d}.txt").write_text(f"document {i} " * 10)
+    (tmp_path / ".hidden").write_bytes(b"\xff")  # hidden entries are skipped
+    folder = load_corpus(tmp_path)
+    assert folder.heldout_files == ("doc05.txt",)
+    assert folder.heldout.numel() == len("document 5 " * 10)
+    single = load_corpus(tmp_path / "doc00.txt")
+    text = (tmp_path / "doc00.txt").read_bytes()
+    assert bytes(single.train.tolist()) + bytes(single.heldout.tolist()) == text
+    (tmp_path / "doc00.txt").write_text("changed")
+    assert load_corpus(tmp_path).sha256 != folder.sha256
+
+
+# ----------------------------------------------------------------------------- tasks
+
+
+def _oracle(task: Task) -> nn.Module:
+    """A 'model' whose argmax at every scored position is the right answer."""
+
+    class Oracle(nn.Module):
+        def forward(self, tokens: Tensor) -> Tensor:
+            answers = torch.stack([_solve(task, seq) for seq in tokens])
+            return nn.functional.one_hot(answers, task.vocab_size).float()
+
+    return Oracle()
+
+
+def _solve(task: Task, seq: Tensor) -> Tensor:
+    """The answer token at each position of one padded example, from the task's rules."""
+    out = torch.zeros_like(seq)
+    sep = int((seq == 1).nonzero()[0])
+    if task.name == "recall":
+        pairs = dict(zip(seq[:sep:2].tolist(), seq[1:sep:2].tolist(), strict=True))
+        for i in range(sep + 1, seq.numel(), 2):
+            out[i] = pairs.get(int(seq[i]), 0)
+        return out
+    symbols = seq[:sep]
+    answer = symbols.flip(0) if task.name == "reverse" else symbols
+    out[sep : sep + answer.numel()] = answer
+    return out
+
+
+@pytest.mark.parametrize("name", ["copy", "reverse", "recall"])
+@given(length=st.integers(4, 40), seed=st.integers(0, 2**16))
+def test_task_examples_follow_their_rule(name, length, seed):
+    task = Task(name, 40)
+    gen = torch.Generator().manual_seed(seed)
+    inputs, targets = task.batch(3, length, gen, exact=False)
+    assert inputs.shape == targets.shape == (3, length)
+    for seq, target in zip(inputs, targets, strict=True):
+        scored = target != IGNORE
+        assert scored.any()
+        assert torch.equal(target[scored], _solve(task, seq)[scored])
+
+
+@pytest.mark.parametrize("name", ["copy", "reverse", "recall"])
+def test_exact_match_of_an_oracle_is_one_and_of_a_constant_is_zero(name):
+    task = Task(name, 64)
+    one = accuracy(_oracle(task), task, 64, examples=10, seed=0, context=Context())
+    assert one["accuracy"] == 1.0 and one["token_accuracy"] == 1.0
+
+    class Constant(nn.Module):
+        def forward(self, tokens: Tensor) -> Tensor:
+            return torch.zeros(*tokens.shape, task.vocab_size)  # argmax: token 0 (padding)
+
+    assert accuracy(Constant(), task, 64, examples=10, seed=0, context=Context())["accuracy"] == 0
+
+
+# ----------------------------------------------------------------------------- model, training
+
+
+def test_uniform_model_has_perplexity_256():
+    class Uniform(nn.Module):
+        def forward(self, tokens: Tensor) -> Tensor:
+            return torch.zeros(*tokens.shape, 256)
+
+    data = torch.arange(1000) % 256
+    out = perplexity(Uniform(), data.to(torch.uint8), 64, max_tokens=300, context=Context())
+    assert out["tokens"] == 64 * window_count(1000, 64, 300) == 256
+    assert math.isclose(out["ppl"], 256.0, rel_tol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["nope", "sinusoidal", "learned", "rope", "alibi", "t5"])
+def test_tiny_lm_is_causal(name):
+    config = LabConfig(encodings=(name,), d_model=16, num_heads=2, train_len=12, eval_lens=(12,))
+    torch.manual_seed(0)
+    model = TinyLM(build_encoding(name, config), vocab_size=256, d_model=16, num_layers=2,
+                   num_heads=2)  # fmt: skip
+    tokens = torch.randint(0, 256, (2, 12))
+    changed = tokens.clone()
+    changed[:, 7:] = torch.randint(0, 256, (2, 5))
+    with torch.no_grad():
+        a, b = model(tokens), model(changed)
+        twin = model.with_encoding(build_encoding(name, config))
+        assert torch.equal(twin(tokens), a)
+    assert torch.equal(a[:, :7], b[:, :7]) and not torch.equal(a[:, 7:], b[:, 7:])
+
+
+@given(steps=st.integers(2, 500), warmup=st.integers(0, 50), step=st.integers(0, 600))
+def test_lr_schedule_warms_up_then_decays_to_a_tenth(steps, warmup, step):
+    warmup = min(warmup, steps - 1)
+    lr = lr_at(step, steps=steps, warmup=warmup, peak=1.0)
+    assert 0.1 - 1e-12 <= lr <= 1.0 + 1e-12
+    if step < warmup:
+        assert math.isclose(lr, (step + 1) / warmup)
+    if step >= steps:
+        assert math.isclose(lr, 0.1)
+    if warmup <= step < steps - 1:
+        assert lr >= lr_at(step + 1, steps=steps, warmup=warmup, peak=1.0)
+
+
+# ----------------------------------------------------------------------------- variants, output
+
+
+@pytest.mark.parametrize("kind", ["linear", "ntk", "dynamic", "yarn"])
+def test_scaling_specs_build_rotary_encodings(kind):
+    config = LabConfig(encodings=("rope",), d_model=32, num_heads=2)
+    rope = build_encoding("rope", config, scaling=scaling_spec(kind, 4.0, config.train_len))
+    assert rope.scaling.rope_type == kind and rope.scaling.factor == 4.0
+
+
+def test_variants_per_encoding():
+    config = LabConfig(encodings=("rope",), learned_beyond="interpolate")
+    assert [v.label for v in variants("rope", config)] == [f"rope +{s}" for s in config.scalings]
+    assert [v.label for v in variants("learned", config)] == ["learned +interpolate"]
+    assert variants("alibi", config) == []
+    assert variants("learned", config.replace(learned_beyond="error")) == []
+
+
+def test_identity_check_names_the_differences(tmp_path):
+    check_identity(tmp_path, {"steps": 10, "seed": 0})
+    check_identity(tmp_path, {"steps": 10, "seed": 0})
+    with pytest.raises(ValueError, match="differs in seed, steps"):
+        check_identity(tmp_path, {"steps": 20, "seed": 1})
+    write_json(tmp_path / "runs" / "x.json", {"a": 1})
+    assert json.loads((tmp_path / "runs" / "x.json").read_text()) == {"a": 1}
+    assert not list(tmp_path.rglob("*.tmp"))
