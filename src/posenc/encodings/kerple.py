@@ -9,12 +9,17 @@ conditionally positive definite kernel of the distance ``|i - j|`` to the logits
     power:  b_h(i, j) = -r1_h * |i - j| ** r2_h,             r1 > 0, 0 < r2 <= 2
 
 ``r1`` and ``r2`` are learned per head. The paper's code keeps them in range by clamping
-the parameters in place after each step (``min 1e-2``, and ``max 2`` for the power
-exponent); an in-place clamp inside ``forward`` breaks autograd when one module serves
-several layers, so here they are reparametrized instead: ``r = softplus(rho)`` for the
-positive ones and ``r2 = 2 * sigmoid(rho)`` for the power exponent. They start from the
-paper's uniform initialisation (log: ``r1 ~ U(0, 2)``, ``r2 ~ U(0, 1)``; power:
-``r1 ~ U(0, 1)``, ``r2 ~ U(0, 2)``, each at least ``1e-2``) unless given.
+the parameters in place (``min 1e-2``, and ``max 2`` for the power exponent); an
+in-place clamp inside ``forward`` breaks autograd when one module serves several layers,
+and a functional clamp has no gradient outside the range, so here they are
+reparametrized onto the same ranges instead, smoothly and with a gradient everywhere:
+
+    r = 0.01 + softplus(rho)                    (r1; r2 of the log kernel)
+    r2 = 0.01 + 1.99 * sigmoid(rho)             (r2 of the power kernel)
+
+(a bare ``softplus`` underflows to exactly 0 in float32 after a large step). They start
+from the paper's uniform initialisation (log: ``r1 ~ U(0, 2)``, ``r2 ~ U(0, 1)``; power:
+``r1 ~ U(0, 1)``, ``r2 ~ U(0, 2)``, each clamped to at least 0.01) unless given.
 """
 
 from __future__ import annotations
@@ -42,8 +47,12 @@ KERPLE_KERNELS = ("log", "power")
 #: The paper's lower clamp of both parameters (and of their random initialisation).
 _EPS = 1e-2
 
-#: Largest sigmoid fraction used for an initial ``r2 = 2``: its float32 sigmoid is 1.
-_MAX_FRACTION = 1.0 - 2.0**-30
+#: The power kernel's largest exponent.
+_MAX_POWER = 2.0
+
+#: Initial values are kept this far inside the open ranges of the reparametrizations
+#: (an initial value at a bound maps to an infinite ``rho``).
+_MARGIN = 2.0**-30
 
 
 def _check_kernel(kernel: object) -> str:
@@ -53,9 +62,9 @@ def _check_kernel(kernel: object) -> str:
 
 
 def _check_r2(kernel: str, r2: object) -> float:
-    r2 = check_float("r2", r2, positive=True)
-    if kernel == "power" and r2 > 2.0:
-        raise ValueError(f"r2 must be in (0, 2] for the power kernel, got {r2}")
+    r2 = check_float("r2", r2, minimum=_EPS)
+    if kernel == "power" and r2 > _MAX_POWER:
+        raise ValueError(f"r2 must be in [{_EPS}, {_MAX_POWER}] for the power kernel, got {r2}")
     return r2
 
 
@@ -102,12 +111,21 @@ def kerple_bias(
     return toeplitz_bias(_kerple_fn(r1, r2, kernel), q_pos, k_pos, dtype)
 
 
-def _inverse_softplus(x: Tensor) -> Tensor:
+def _positive(rho: Tensor) -> Tensor:
+    return _EPS + F.softplus(rho)
+
+
+def _positive_inverse(r: Tensor) -> Tensor:
+    x = (r - _EPS).clamp(min=_MARGIN)
     return x + torch.log(-torch.expm1(-x))
 
 
-def _logit(fraction: Tensor) -> Tensor:
-    fraction = fraction.clamp(max=_MAX_FRACTION)
+def _exponent(rho: Tensor) -> Tensor:
+    return _EPS + (_MAX_POWER - _EPS) * torch.sigmoid(rho)
+
+
+def _exponent_inverse(r: Tensor) -> Tensor:
+    fraction = ((r - _EPS) / (_MAX_POWER - _EPS)).clamp(_MARGIN, 1.0 - _MARGIN)
     return torch.log(fraction) - torch.log1p(-fraction)
 
 
@@ -122,16 +140,16 @@ class KERPLE(PositionalEncoding):
     Args:
         num_heads: ``H``.
         kernel: ``"log"`` (the paper's best) or ``"power"``.
-        r1: initial value of every head's ``r1`` (> 0); None: the paper's random init.
-        r2: initial value of every head's ``r2`` (> 0, and <= 2 for ``"power"``); None:
-            the paper's random init.
+        r1: initial value of every head's ``r1`` (>= 0.01); None: the paper's random init.
+        r2: initial value of every head's ``r2`` (>= 0.01, and <= 2 for ``"power"``);
+            None: the paper's random init.
 
     Attributes:
         r1, r2: the effective per-head parameters ``[H]`` (always in range).
 
     Raises:
-        ValueError: ``num_heads < 1``, an unknown ``kernel``, ``r1 <= 0``, or ``r2`` out of
-            range.
+        ValueError: ``num_heads < 1``, an unknown ``kernel``, ``r1 < 0.01``, or ``r2`` out
+            of range.
     """
 
     sites = Site.SCORE
@@ -148,26 +166,25 @@ class KERPLE(PositionalEncoding):
         self.num_heads = check_int("num_heads", num_heads)
         self.kernel = _check_kernel(kernel)
         scale1, scale2 = (2.0, 1.0) if self.kernel == "log" else (1.0, 2.0)
-        init1 = self._initial(None if r1 is None else check_float("r1", r1, positive=True), scale1)
+        init1 = self._initial(None if r1 is None else check_float("r1", r1, minimum=_EPS), scale1)
         init2 = self._initial(None if r2 is None else _check_r2(self.kernel, r2), scale2)
-        self.rho1 = nn.Parameter(_inverse_softplus(init1).float())
-        raw2 = _inverse_softplus(init2) if self.kernel == "log" else _logit(init2 / 2.0)
-        self.rho2 = nn.Parameter(raw2.float())
+        self.rho1 = nn.Parameter(_positive_inverse(init1).float())
+        inverse2 = _positive_inverse if self.kernel == "log" else _exponent_inverse
+        self.rho2 = nn.Parameter(inverse2(init2).float())
 
     def _initial(self, value: float | None, scale: float) -> Tensor:
         if value is not None:
             return torch.full((self.num_heads,), value, dtype=torch.float64)
-        sample = torch.rand(self.num_heads, dtype=torch.float64) * scale
-        return sample.clamp(_EPS, scale * _MAX_FRACTION)
+        return (torch.rand(self.num_heads, dtype=torch.float64) * scale).clamp(min=_EPS)
 
     @property
     def r1(self) -> Tensor:
-        return F.softplus(self.rho1.to(compute_dtype(self.rho1.dtype)))
+        return _positive(self.rho1.to(compute_dtype(self.rho1.dtype)))
 
     @property
     def r2(self) -> Tensor:
         rho2 = self.rho2.to(compute_dtype(self.rho2.dtype))
-        return F.softplus(rho2) if self.kernel == "log" else 2.0 * torch.sigmoid(rho2)
+        return _positive(rho2) if self.kernel == "log" else _exponent(rho2)
 
     def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """``[B|1, H, Tq, Tk]`` bias in ``q``'s dtype."""
