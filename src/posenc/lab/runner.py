@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -24,79 +23,14 @@ from torch import nn
 
 from posenc.lab import report
 from posenc.lab.config import LabConfig
-from posenc.lab.corpus import load_corpus
 from posenc.lab.distributed import Context, init_context
-from posenc.lab.evaluate import accuracy, perplexity, window_count
 from posenc.lab.model import TinyLM
 from posenc.lab.results import check_identity, environment, finished_runs, write_json, write_text
-from posenc.lab.tasks import Task
-from posenc.lab.train import NonFiniteLoss, TaskStream, TextWindows, train
+from posenc.lab.train import NonFiniteLoss, train
 from posenc.lab.variants import build_encoding, variants
+from posenc.lab.workload import Workload, make_workload
 
-__all__ = ["Workload", "make_workload", "run_lab"]
-
-Sampler = Callable[[int], tuple[torch.Tensor, torch.Tensor]]
-
-
-@dataclass(frozen=True)
-class Workload:
-    """What the models learn and how they are scored (text or a synthetic task)."""
-
-    metric: str
-    vocab_size: int
-    data: dict[str, object]
-    sha256: str | None
-    sampler: Callable[[int, int], Sampler]  # (length, seed) -> global batches
-    evaluate: Callable[[nn.Module, int], dict[str, float]]
-
-
-def make_workload(config: LabConfig, context: Context) -> Workload:
-    """Load the corpus (or make the task) of ``config`` and check it fits the lengths.
-
-    Raises:
-        FileNotFoundError: the corpus path does not exist.
-        ValueError: an empty or non-UTF-8 corpus, or held-out text too short for one
-            window of the longest evaluation length.
-    """
-    longest = max(config.eval_lens)
-    if config.task != "lm":
-        task = Task(config.task, longest)
-        return Workload(
-            metric="accuracy",
-            vocab_size=task.vocab_size,
-            data={"task": config.task, "vocab_size": task.vocab_size},
-            sha256=None,
-            sampler=lambda length, seed: TaskStream(task, length, seed),
-            evaluate=lambda model, length: accuracy(
-                model,
-                task,
-                length,
-                examples=config.eval_examples,
-                seed=config.seed,
-                context=context,
-            ),
-        )
-    corpus = load_corpus(config.corpus)
-    if window_count(corpus.heldout.numel(), longest, config.eval_tokens) == 0:
-        raise ValueError(
-            f"the held-out part of corpus {corpus.source!r} has {corpus.heldout.numel()} bytes, "
-            f"too few for one window of evaluation length {longest}"
-        )
-    if corpus.train.numel() <= config.train_len + 1:
-        raise ValueError(
-            f"the training part of corpus {corpus.source!r} has {corpus.train.numel()} bytes, "
-            f"too few for windows of --train-len {config.train_len}"
-        )
-    return Workload(
-        metric="ppl",
-        vocab_size=256,
-        data=corpus.describe(),
-        sha256=corpus.sha256,
-        sampler=lambda length, seed: TextWindows(corpus.train, length, seed),
-        evaluate=lambda model, length: perplexity(
-            model, corpus.heldout, length, max_tokens=config.eval_tokens, context=context
-        ),
-    )
+__all__ = ["run_lab"]
 
 
 class _Sweep:
@@ -164,15 +98,15 @@ class _Sweep:
         record: dict[str, object] = {"encoding": name, "identity": self.identity}
         start = time.perf_counter()
         torch.manual_seed(config.seed)
-        model = TinyLM(
-            build_encoding(name, config),
-            vocab_size=self.work.vocab_size,
-            d_model=config.d_model,
-            num_layers=config.num_layers,
-            num_heads=config.num_heads,
-        ).to(context.device)
-        record["parameters"] = sum(p.numel() for p in model.parameters())
         try:
+            model = TinyLM(
+                build_encoding(name, config),
+                vocab_size=self.work.vocab_size,
+                d_model=config.d_model,
+                num_layers=config.num_layers,
+                num_heads=config.num_heads,
+            ).to(context.device)
+            record["parameters"] = sum(p.numel() for p in model.parameters())
             return self._evaluate_trained(name, model, record, start)
         except NonFiniteLoss as exc:
             return {**record, "status": "failed", "error": str(exc), "rows": []}

@@ -18,7 +18,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from posenc.lab.corpus import Corpus
 from posenc.lab.distributed import Context
 from posenc.lab.tasks import IGNORE, Task
 
@@ -60,10 +59,6 @@ class TextWindows:
         starts = torch.randint(0, high + 1, (batch_size,), generator=self.gen)
         window = self.data[starts[:, None] + torch.arange(self.length + 1)].long()  # [B, T+1]
         return window[:, :-1], window[:, 1:]
-
-    @classmethod
-    def from_corpus(cls, corpus: Corpus, length: int, seed: int) -> TextWindows:
-        return cls(corpus.train, length, seed)
 
 
 class TaskStream:

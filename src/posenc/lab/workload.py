@@ -1,0 +1,88 @@
+"""What the lab's models learn and how they are scored: bytes of text (per-byte
+perplexity, Press et al. 2022, section 4) or a synthetic task (exact-match accuracy,
+Kazemnejad et al. 2023, section 3).
+
+Shapes: ``B`` batch, ``T`` length. A ``Workload`` hands out samplers of global batches
+``(inputs [B, T], targets [B, T])`` for a length and seed, and scores a model at one
+evaluation length.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from posenc.lab.config import LabConfig
+from posenc.lab.corpus import load_corpus
+from posenc.lab.distributed import Context
+from posenc.lab.evaluate import accuracy, perplexity, window_count
+from posenc.lab.tasks import Task
+from posenc.lab.train import TaskStream, TextWindows
+
+__all__ = ["Workload", "make_workload"]
+
+Sampler = Callable[[int], tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What the models learn and how they are scored (text or a synthetic task)."""
+
+    metric: str
+    vocab_size: int
+    data: dict[str, object]
+    sha256: str | None
+    sampler: Callable[[int, int], Sampler]  # (length, seed) -> global batches
+    evaluate: Callable[[nn.Module, int], dict[str, float]]
+
+
+def make_workload(config: LabConfig, context: Context) -> Workload:
+    """Load the corpus (or make the task) of ``config`` and check it fits the lengths.
+
+    Raises:
+        FileNotFoundError: the corpus path does not exist.
+        ValueError: an empty or non-UTF-8 corpus, or held-out text too short for one
+            window of the longest evaluation length.
+    """
+    longest = max(config.eval_lens)
+    if config.task != "lm":
+        task = Task(config.task, longest)
+        return Workload(
+            metric="accuracy",
+            vocab_size=task.vocab_size,
+            data={"task": config.task, "vocab_size": task.vocab_size},
+            sha256=None,
+            sampler=lambda length, seed: TaskStream(task, length, seed),
+            evaluate=lambda model, length: accuracy(
+                model,
+                task,
+                length,
+                examples=config.eval_examples,
+                seed=config.seed,
+                context=context,
+            ),
+        )
+    corpus = load_corpus(config.corpus)
+    if window_count(corpus.heldout.numel(), longest, config.eval_tokens) == 0:
+        raise ValueError(
+            f"the held-out part of corpus {corpus.source!r} has {corpus.heldout.numel()} bytes, "
+            f"too few for one window of evaluation length {longest}"
+        )
+    if corpus.train.numel() <= config.train_len + 1:
+        raise ValueError(
+            f"the training part of corpus {corpus.source!r} has {corpus.train.numel()} bytes, "
+            f"too few for windows of --train-len {config.train_len}"
+        )
+    return Workload(
+        metric="ppl",
+        vocab_size=256,
+        data=corpus.describe(),
+        sha256=corpus.sha256,
+        sampler=lambda length, seed: TextWindows(corpus.train, length, seed),
+        evaluate=lambda model, length: perplexity(
+            model, corpus.heldout, length, max_tokens=config.eval_tokens, context=context
+        ),
+    )
