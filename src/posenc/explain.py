@@ -67,10 +67,13 @@ def explain(
     _say(out, Panel(body, title=Text(name, style="bold"), expand=False))
     if entry.sites & Site.INPUT:
         enc = build_encoding(name, d_model=dim, max_len=length)
-        _absolute_tour(out, enc, dim, length)
     else:
         shape = {"d_model": dim * num_heads, "head_dim": dim, "num_heads": num_heads}
         enc = build_encoding(name, **shape, max_len=length)
+    if any(True for _ in enc.parameters()):
+        _say(out, "Learned parameters are shown at their initialisation (seed 0).\n")
+    if entry.sites & Site.INPUT:
+        _absolute_tour(out, enc, dim, length)
     if entry.sites & Site.QK:
         _rotary_tour(out, enc, dim, length)
     if entry.sites & Site.SCORE:
@@ -221,7 +224,7 @@ def _rotary_tour(out: Console, enc: PositionalEncoding, dim: int, length: int) -
     starts = (0, 10, 100)
     table = _table(
         "Rotated dot product q_m . k_n against the offset m - n (random q, k; seed 0)",
-        ["m - n", *(f"n = {n}" for n in starts), "same x: cos(x_m, x_n)"],
+        ["m - n", *(f"n = {n}" for n in starts), "same x: x_m.x_n / |x|^2"],
     )
     for r in offsets:
         row = [_rotated_scores(enc, q, k, [n + r], [n])[0] for n in starts]
@@ -273,7 +276,7 @@ def _bias_tour(out: Console, enc: PositionalEncoding, dim: int, length: int, hea
     last = length - 1
     dists = [d for d in (0, 1, 2, 4, 8, 16, 32) if d <= last]
     table = _table(
-        f"Bias and attention of the last query ({last}) by distance d, one token everywhere",
+        f"Last query ({last}): bias at distance d, and the attention the bias alone gives",
         ["head", *(f"d={d}" for d in dists)],
     )
     visible = bias[:, last, :] if not causal else bias[:, last, : last + 1]

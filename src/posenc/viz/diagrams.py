@@ -74,7 +74,7 @@ def fingerprint_diagram(
     cell = min(0.5, 6.0 / d_model)
     xlim = (-3.2, strip_x + cell * d_model + 0.3)
     ylim = (-(len(positions) - 1) * _SPACING - 3.0, 2.2)
-    fig = new_figure(0.4 * (xlim[1] - xlim[0]), 0.4 * (ylim[1] - ylim[0]) + 0.5)
+    fig = new_figure(max(10.0, 0.4 * (xlim[1] - xlim[0])), 0.4 * (ylim[1] - ylim[0]) + 0.5)
     ax = fig.add_subplot()
     ax.set_aspect("equal")
     ax.axis("off")
@@ -223,7 +223,7 @@ def _rotation_panel(ax: Axes, theta: float, m: int, n: int, *, prefix: str, titl
             xytext=(0, 0),
             arrowprops={"arrowstyle": "-|>", "color": color, "lw": 2.5},
         )
-        arrow.set_gid(f"{prefix}-{name}")
+        arrow.arrow_patch.set_gid(f"{prefix}-{name}")
         ax.text(
             *(1.12 * vec),
             f"{name} at {pos}",
