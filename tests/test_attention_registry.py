@@ -87,13 +87,14 @@ def _forward_backward(mha: MultiHeadAttention, x, pos, kpm) -> list[torch.Tensor
 def test_backends_agree_forward_and_backward(name, causal):
     backends = ["eager", "chunked"] + ([] if _is(name, Site.VALUE) else ["sdpa"])
     x, pos, kpm = data(seed=1)
-    results = {}
-    for backend in backends:
-        mha = make(name, causal=causal, backend=backend, block_size=2).float()
-        results[backend] = _forward_backward(mha, x.float(), pos, kpm)
-    for backend in backends[1:]:
-        for got, want in zip(results[backend], results["eager"], strict=True):
-            torch.testing.assert_close(got, want, **tolerances(torch.float32, ops=OPS))
+    for mask in (None, kpm):
+        results = {}
+        for backend in backends:
+            mha = make(name, causal=causal, backend=backend, block_size=2).float()
+            results[backend] = _forward_backward(mha, x.float(), pos, mask)
+        for backend in backends[1:]:
+            for got, want in zip(results[backend], results["eager"], strict=True):
+                torch.testing.assert_close(got, want, **tolerances(torch.float32, ops=OPS))
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if not _causal_only(n)])

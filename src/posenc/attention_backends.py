@@ -52,7 +52,7 @@ __all__ = [
 ]
 
 BACKENDS = ("auto", "sdpa", "eager", "chunked")
-DEFAULT_BLOCK_SIZE = 256
+DEFAULT_BLOCK_SIZE = 128
 
 
 @dataclass(frozen=True)
@@ -78,40 +78,48 @@ class Masking:
     k_seg: Tensor | None = None
     aligned: bool = False
 
-    def block(self, start: int, stop: int, num_keys: int) -> Tensor | None:
-        """Bool mask ``[B|1, 1, stop - start, num_keys]`` for queries ``start:stop`` and the
-        first ``num_keys`` keys (True = attend), or None when every key is visible."""
+    def block(self, start: int, stop: int, keys: slice) -> Tensor | None:
+        """Bool mask ``[B|1, 1, stop - start, len(keys)]`` for queries ``start:stop`` and
+        the keys ``keys`` (True = attend), or None when every key is visible."""
         mask = None
         if self.causal:
             q = self.q_pos[..., start:stop, None]
-            mask = self.k_pos[..., None, :num_keys] <= q  # [Tq, Tk] or [B, Tq, Tk]
+            mask = self.k_pos[..., None, keys] <= q  # [Tq, Tk] or [B, Tq, Tk]
         if self.q_seg is not None and self.k_seg is not None:
-            same = self.k_seg[:, None, :num_keys] == self.q_seg[:, start:stop, None]
+            same = self.k_seg[:, None, keys] == self.q_seg[:, start:stop, None]
             mask = same if mask is None else mask & same
         if self.key_padding_mask is not None:
-            keep = self.key_padding_mask[:, None, :num_keys]  # [B, 1, Tk]
+            keep = self.key_padding_mask[:, None, keys]  # [B, 1, Tk]
             mask = keep if mask is None else mask & keep
         if mask is None:
             return None
         return mask.unsqueeze(-3) if mask.dim() == 3 else mask[None, None]
 
-    def key_limits(self, starts: list[int], block_size: int, num_keys: int) -> list[int]:
-        """Per query block, how many leading keys any of its queries may see.
+    def key_ranges(self, starts: list[int], stop: int, num_keys: int) -> list[tuple[int, int]]:
+        """Per query block ``start:start + stop``, the keys that need a mask:
+        ``(first, limit)`` where keys ``>= limit`` are invisible to every query of the
+        block and keys ``< first`` are visible to all of them.
 
-        Only a causal mask over non-decreasing key positions lets keys be skipped; in any
-        other case every block sees all ``num_keys`` keys.
+        Only a causal mask over non-decreasing key positions narrows the range; padding
+        and segments need the mask on every key (``first = 0``).
         """
         k_pos = self.k_pos
         if not self.causal or bool((k_pos[..., 1:] < k_pos[..., :-1]).any()):
-            return [num_keys] * len(starts)
-        q_max = torch.stack([self.q_pos[..., s : s + block_size].amax(-1) for s in starts], -1)
-        if k_pos.dim() == 2:
-            q_max = q_max.expand(k_pos.shape[0], -1)  # [B, blocks]
-        common = torch.promote_types(k_pos.dtype, q_max.dtype)
+            return [(0, num_keys)] * len(starts)
+        blocks = [self.q_pos[..., s : s + stop] for s in starts]
+        latest = torch.stack([b.amax(-1) for b in blocks], -1)  # [blocks] or [B, blocks]
+        earliest = torch.stack([b.amin(-1) for b in blocks], -1)
+        bounds = torch.cat((latest, earliest), -1)  # [2 * blocks] or [B, 2 * blocks]
+        if k_pos.dim() == 2:  # one sorted row per sequence: one row of bounds each
+            bounds = bounds.expand(k_pos.shape[0], -1)
+        common = torch.promote_types(k_pos.dtype, bounds.dtype)
         counts = torch.searchsorted(
-            k_pos.to(common).contiguous(), q_max.to(common).contiguous(), right=True
-        )
-        return counts.reshape(-1, len(starts)).amax(0).tolist()
+            k_pos.to(common).contiguous(), bounds.to(common).contiguous(), right=True
+        ).reshape(-1, 2, len(starts))
+        limits, firsts = counts[:, 0].amax(0).tolist(), counts[:, 1].amin(0).tolist()
+        if self.key_padding_mask is not None or self.q_seg is not None:
+            firsts = [0] * len(starts)
+        return list(zip(firsts, limits, strict=True))
 
 
 def check_backend(backend: str, position: PositionalEncoding) -> None:
@@ -135,6 +143,16 @@ def _check_term(what: str, term: Tensor, want: tuple[int, ...], position: Positi
         )
 
 
+def _masked_bias(bias: Tensor, mask: Tensor, first: int) -> Tensor:
+    """``bias`` with ``-inf`` where ``mask`` (covering keys ``first:``) is False."""
+    if first == 0:
+        return torch.where(mask, bias, float("-inf"))
+    shape = torch.broadcast_shapes(bias.shape, (*mask.shape[:-1], bias.shape[-1]))
+    out = bias.expand(shape).clone(memory_format=torch.contiguous_format)  # our own copy
+    out[..., first:].masked_fill_(~mask, float("-inf"))
+    return out
+
+
 def _block(
     q: Tensor,
     k: Tensor,
@@ -142,15 +160,16 @@ def _block(
     *,
     masking: Masking,
     start: int,
-    num_keys: int,
+    first: int,
     position: PositionalEncoding,
     use_sdpa: bool,
     dropout_p: float,
     scale: float,
     guard_empty: bool,
 ) -> Tensor:
-    """Attention of the query block ``q [B, H, Tb, D]`` starting at ``start`` over ``k, v``."""
-    stop = start + q.shape[-2]
+    """Attention of the query block ``q [B, H, Tb, D]`` starting at ``start`` over ``k, v``
+    (the first ``Tk`` keys); the keys before ``first`` are visible to every query."""
+    stop, num_keys = start + q.shape[-2], k.shape[-2]
     q_pos, k_pos = masking.q_pos[..., start:stop], masking.k_pos[..., :num_keys]
     sites = position.sites
     bias = position.score_bias(q, k, q_pos, k_pos) if sites & Site.SCORE else None
@@ -158,25 +177,29 @@ def _block(
         _check_term("score_bias", bias, (q.shape[0], q.shape[1], q.shape[2], k.shape[2]), position)
         bias = bias.to(q.dtype)
     is_causal = use_sdpa and masking.causal and masking.aligned and bias is None
-    is_causal = is_causal and q.shape[-2] == k.shape[-2]
-    mask = None if is_causal else masking.block(start, stop, num_keys)
+    is_causal = is_causal and q.shape[-2] == num_keys
+    needs_mask = not is_causal and first < num_keys  # else every key is visible
+    mask = masking.block(start, stop, slice(first, num_keys)) if needs_mask else None
     keep_row = None
-    if guard_empty and mask is not None:
+    if guard_empty and mask is not None:  # here first == 0: the mask covers every key
         keep_row = mask.any(-1, keepdim=True)  # [B|1, 1, Tb, 1]
         mask = mask | ~keep_row  # attend anywhere, then zero the row: no NaN
     if use_sdpa:
         logits_mask = mask
         if bias is not None:
-            logits_mask = bias if mask is None else torch.where(mask, bias, float("-inf"))
+            logits_mask = bias if mask is None else _masked_bias(bias, mask, first)
+        elif mask is not None and first:
+            seen = mask.new_ones((*mask.shape[:-1], first))
+            logits_mask = torch.cat((seen, mask), dim=-1)
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=logits_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
         )
     else:
-        logits = torch.matmul(q, k.transpose(-2, -1)) * scale  # [B, H, Tb, Tk]
+        logits = torch.matmul(q, k.transpose(-2, -1)) * scale  # [B, H, Tb, Tk], our own
         if bias is not None:
             logits = logits + bias
         if mask is not None:
-            logits = logits.masked_fill(~mask, float("-inf"))
+            logits[..., first:].masked_fill_(~mask, float("-inf"))
         acc = torch.promote_types(q.dtype, torch.float32)  # bf16/fp16 softmax in float32
         probs = torch.softmax(logits, dim=-1, dtype=acc).to(q.dtype)
         probs = F.dropout(probs, dropout_p) if dropout_p > 0 else probs
@@ -238,17 +261,17 @@ def attend(
         guard_empty=masking.key_padding_mask is not None,
     )
     if backend != "chunked" or num_q <= block_size:
-        return kernel(q, k, v, start=0, num_keys=num_k)
+        return kernel(q, k, v, start=0, first=0)
     starts = list(range(0, num_q, block_size))
-    limits = masking.key_limits(starts, block_size, num_k)
+    ranges = masking.key_ranges(starts, block_size, num_k)
     recompute = torch.is_grad_enabled() and (
         q.requires_grad or k.requires_grad or v.requires_grad
         or any(p.requires_grad for p in position.parameters())
     )  # fmt: skip
     outs = []
-    for start, limit in zip(starts, limits, strict=True):
+    for start, (first, limit) in zip(starts, ranges, strict=True):
         blk = (q[..., start : start + block_size, :], k[..., :limit, :], v[..., :limit, :])
-        fn = functools.partial(kernel, start=start, num_keys=limit)
+        fn = functools.partial(kernel, start=start, first=first)
         outs.append(checkpoint(fn, *blk, use_reentrant=False) if recompute else fn(*blk))
     return torch.cat(outs, dim=-2)
 
