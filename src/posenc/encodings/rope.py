@@ -169,7 +169,10 @@ class RotaryEmbedding(PositionalEncoding):
 
     # ------------------------------------------------------------------ cos / sin
 
-    def _table(self, state: _State, length: int, device: torch.device, dtype: torch.dtype):
+    def _table(
+        self, state: _State, length: int, device: torch.device, dtype: torch.dtype
+    ) -> tuple[Tensor, Tensor]:
+        """Cached ``(cos, sin) [N >= length, R/2]`` of ``state`` for positions ``0..N-1``."""
         key = (device, dtype)
         cached = state.tables.get(key)
         if cached is None or cached[0].shape[0] < length:
@@ -192,7 +195,11 @@ class RotaryEmbedding(PositionalEncoding):
         Float32 (float64 when ``dtype`` is float64); integer positions >= 0 come from the
         cache, others are computed directly.
         """
-        state, dtype = self._state, table_dtype(dtype)
+        return self._cos_sin(self._state, positions, table_dtype(dtype))
+
+    def _cos_sin(
+        self, state: _State, positions: Tensor, dtype: torch.dtype
+    ) -> tuple[Tensor, Tensor]:
         if positions.is_floating_point() or positions.numel() == 0:
             return rope_cos_sin(positions, state.inv_freq, attention_scale=state.scale, dtype=dtype)
         low, high = (int(v) for v in positions.aminmax())
@@ -207,7 +214,7 @@ class RotaryEmbedding(PositionalEncoding):
         """Hook for subclasses (xPos) that scale the rotation per position."""
         return cos, sin
 
-    # ------------------------------------------------------------------ hooks
+    # ------------------------------------------------------------------ QK site
 
     def _check_qk(self, q: Tensor, k: Tensor) -> None:
         check_tensor("q", q, ndim=4)
@@ -234,8 +241,9 @@ class RotaryEmbedding(PositionalEncoding):
         k_pos = resolve_positions(k_pos, k.shape[-2], batch=k.shape[0], name="k_pos").to(k.device)
         if self.scaling.length_dependent:
             self.observe_length(_length_of(q_pos, k_pos))
-        cos_q, sin_q = self.cos_sin(q_pos, dtype=q.dtype)
-        cos_k, sin_k = (cos_q, sin_q) if same else self.cos_sin(k_pos, dtype=k.dtype)
+        state = self._state  # one snapshot: q and k see the same frequencies
+        cos_q, sin_q = self._cos_sin(state, q_pos, table_dtype(q.dtype))
+        cos_k, sin_k = (cos_q, sin_q) if same else self._cos_sin(state, k_pos, table_dtype(k.dtype))
         cos_q, sin_q = self._modulate(cos_q, sin_q, q_pos, query=True)
         cos_k, sin_k = self._modulate(cos_k, sin_k, k_pos, query=False)
         q = apply_rope(q, cos_q, sin_q, interleaved=self.interleaved)
