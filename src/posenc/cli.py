@@ -15,7 +15,7 @@ from posenc import __version__
 
 #: Subcommand modules in ``posenc.commands``; each defines ``add_parser(subparsers)``,
 #: which registers its parser and sets ``func(args) -> int | None`` as its default.
-COMMANDS = ("list", "lab", "show", "explain")
+COMMANDS = ("list", "lab", "bench", "show", "explain")
 
 
 class UsageError(Exception):

@@ -14,15 +14,27 @@ Layouts of the pairs ``(a_i, b_i)``, ``i < R/2``, that rotate by angle ``theta_i
 * interleaved (``interleaved=True``; GPT-J, Meta's Llama): ``a_i = x[2i]``, ``b_i = x[2i+1]``.
 
 Each pair maps to ``(a cos - b sin, a sin + b cos)``.
+
+Speed: the rotation is pure memory traffic, so the kernels here write every partial
+result into the output (``out=``) and never allocate a full-size temporary. Interleaved
+float32/float64 pairs are one complex multiply (``x`` viewed as complex); the other
+cases run a few passes per cache-sized chunk of positions (``posenc.fastpath.chunks``),
+so main memory is read and written once. Half-precision inputs are rotated in float32
+(cast once per chunk) and rounded once. The backward pass is the rotation by
+``-theta`` (``apply`` with ``-sin``), through the same kernels.
 """
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from posenc._checks import check_tensor
+from posenc.fastpath import chunks, empty_like
 
-__all__ = ["apply_rope"]
+__all__ = ["apply_rope", "apply_rope_"]
+
+_COMPLEX = {torch.float32: torch.complex64, torch.float64: torch.complex128}
 
 
 def _check(x: Tensor, cos: Tensor, sin: Tensor) -> int:
@@ -30,10 +42,16 @@ def _check(x: Tensor, cos: Tensor, sin: Tensor) -> int:
     check_tensor("x", x, ndim=4)
     check_tensor("cos", cos, ndim=(2, 3))
     check_tensor("sin", sin, ndim=(2, 3))
+    if x.is_complex() or cos.is_complex() or sin.is_complex():
+        raise TypeError(
+            f"x, cos and sin must be real, got dtypes {x.dtype}, {cos.dtype}, {sin.dtype}"
+        )
     if cos.shape != sin.shape:
         raise ValueError(
             f"cos and sin must have the same shape, got {tuple(cos.shape)} and {tuple(sin.shape)}"
         )
+    if cos.device != x.device or sin.device != x.device:
+        raise ValueError(f"cos/sin are on {cos.device}/{sin.device} but x is on {x.device}")
     rotary_dim = 2 * cos.shape[-1]
     if rotary_dim > x.shape[-1]:
         raise ValueError(f"cos/sin rotate {rotary_dim} features but x has head_dim {x.shape[-1]}")
@@ -44,29 +62,178 @@ def _check(x: Tensor, cos: Tensor, sin: Tensor) -> int:
     return rotary_dim
 
 
+def _pairs(x: Tensor, rotary_dim: int, interleaved: bool) -> tuple[Tensor, Tensor]:
+    """Views ``(a, b)`` ``[..., R/2]`` of the two members of every rotated pair."""
+    if interleaved:
+        return x[..., 0:rotary_dim:2], x[..., 1:rotary_dim:2]
+    half = rotary_dim // 2
+    return x[..., :half], x[..., half:rotary_dim]
+
+
+def _complex_view(x: Tensor, rotary_dim: int) -> Tensor | None:
+    """``x[..., :R]`` as ``[..., R/2]`` complex numbers (interleaved pairs), if it can be."""
+    if x.dtype not in _COMPLEX or x.stride(-1) != 1:
+        return None
+    part = x[..., :rotary_dim].unflatten(-1, (rotary_dim // 2, 2))
+    if part.storage_offset() % 2 or any(s % 2 for s in part.stride()[:-2]):
+        return None
+    return torch.view_as_complex(part)
+
+
+def _tables(cos: Tensor, sin: Tensor, dtype: torch.dtype, inverse: bool) -> tuple[Tensor, Tensor]:
+    """``cos``/``sin`` (``-sin`` for the inverse) in ``dtype``, broadcastable to ``[B,H,T,R/2]``."""
+    if cos.dim() == 3:  # [B, T, R/2] -> [B, 1, T, R/2]
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    cos, sin = cos.to(dtype), sin.to(dtype)
+    return cos, (-sin if inverse else sin)
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return dtype if dtype in _COMPLEX else torch.float32
+
+
+def _rotate_pairs(out: Tensor, x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> None:
+    """``out[..., :R] = rotate(x[..., :R])`` for non-aliasing ``out``, by four ``out=`` passes."""
+    rotary_dim = 2 * cos.shape[-1]
+    a, b = _pairs(x, rotary_dim, interleaved)
+    out_a, out_b = _pairs(out, rotary_dim, interleaved)
+    torch.mul(a, cos, out=out_a)
+    out_a.addcmul_(b, sin, value=-1.0)
+    torch.mul(b, cos, out=out_b)
+    out_b.addcmul_(a, sin)
+
+
+def _rotate_into(
+    out: Tensor, x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool, inverse: bool
+) -> None:
+    """Write the rotated ``x`` into ``out`` (``out is x``: in place)."""
+    rotary_dim = 2 * cos.shape[-1]
+    inplace = out is x
+    if not inplace and rotary_dim < x.shape[-1]:
+        out[..., rotary_dim:].copy_(x[..., rotary_dim:])  # pass-through features
+    compute = _compute_dtype(x.dtype)
+    cos, sin = _tables(cos, sin, compute, inverse)
+    x_c, out_c = _complex_view(x, rotary_dim), _complex_view(out, rotary_dim)
+    if interleaved and x_c is not None and out_c is not None:
+        torch.mul(x_c, torch.complex(cos, sin), out=out_c)  # one pass: read x, write out
+        return
+    # Several passes: run them per chunk of positions so that they stay in the cache.
+    # Half precision is rotated in float32 chunk buffers and rounded once; an in-place
+    # rotation also goes through a buffer (its passes need the unrotated values).
+    direct = x.dtype == compute and not inplace
+    step = x.shape[0] * x.shape[1] * rotary_dim * (x.element_size() if direct else 8)
+    spans = chunks(x.shape[-2], step)
+    shape = (*x.shape[:2], spans[0].stop, rotary_dim)
+    x_buf = None if direct else x.new_empty(shape, dtype=compute)
+    out_buf = None if compute == x.dtype else x.new_empty(shape, dtype=compute)
+    for span in spans:
+        xs, os, cs, ss = x[..., span, :], out[..., span, :], cos[..., span, :], sin[..., span, :]
+        if x_buf is None:
+            _rotate_pairs(os, xs, cs, ss, interleaved)
+            continue
+        n = span.stop - span.start
+        x_f = x_buf[..., :n, :].copy_(xs[..., :rotary_dim])
+        if interleaved and compute in _COMPLEX:
+            x_c = torch.view_as_complex(x_f.unflatten(-1, (rotary_dim // 2, 2)))
+            x_c.mul_(torch.complex(cs, ss))
+            os[..., :rotary_dim].copy_(x_f)
+        elif out_buf is None:
+            _rotate_pairs(os, x_f, cs, ss, interleaved)
+        else:
+            _rotate_pairs(out_buf[..., :n, :], x_f, cs, ss, interleaved)
+            os[..., :rotary_dim].copy_(out_buf[..., :n, :])
+
+
+class _Rope(torch.autograd.Function):
+    """Rotation by ``theta`` whose backward is the rotation by ``-theta``."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, inplace: bool):  # type: ignore[override]
+        ctx.save_for_backward(cos, sin)
+        ctx.interleaved = interleaved
+        if inplace:
+            _rotate_into(x, x, cos, sin, interleaved=interleaved, inverse=False)
+            ctx.mark_dirty(x)
+            return x
+        out = empty_like(x)
+        _rotate_into(out, x, cos, sin, interleaved=interleaved, inverse=False)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        cos, sin = ctx.saved_tensors
+        grad_x = empty_like(grad)
+        _rotate_into(grad_x, grad, cos, sin, interleaved=ctx.interleaved, inverse=True)
+        return grad_x, None, None, None, None
+
+
+def _rotate_differentiable(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
+    """The plain expression, differentiable in ``cos`` and ``sin`` too (learned angles)."""
+    rotary_dim = 2 * cos.shape[-1]
+    cos, sin = _tables(cos, sin, x.dtype, inverse=False)
+    a, b = _pairs(x, rotary_dim, interleaved)
+    new_a, new_b = a * cos - b * sin, a * sin + b * cos
+    if interleaved:
+        rotated = torch.stack((new_a, new_b), dim=-1).flatten(-2)
+    else:
+        rotated = torch.cat((new_a, new_b), dim=-1)
+    return torch.cat((rotated, x[..., rotary_dim:]), dim=-1)
+
+
+def _needs_grad(*tensors: Tensor) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = False) -> Tensor:
     """Rotate ``x [B, H, T, D]`` by ``cos``/``sin`` ``[T, R/2] | [B, T, R/2]``.
 
-    Returns a new tensor of ``x``'s shape and dtype; ``x`` is not modified. The product
-    is formed in ``x``'s dtype, with ``cos``/``sin`` cast to it (they are computed from
-    float32-or-better angles by ``RotaryEmbedding``).
+    Args:
+        x: queries or keys, any strides (e.g. a transposed ``[B, T, H, D]`` projection).
+        cos: cosines of the angles, one per rotated pair (float32-or-better from
+            ``RotaryEmbedding``); ``R = 2 * cos.shape[-1]`` features rotate.
+        sin: sines of the same angles, same shape as ``cos``.
+        interleaved: pair layout, ``(x[2i], x[2i+1])`` instead of ``(x[i], x[i+R/2])``.
+
+    Returns:
+        A new tensor of ``x``'s shape and dtype; ``x`` is not modified. Float32/float64
+        inputs are rotated in their dtype (``cos``/``sin`` cast to it); float16/bfloat16
+        in float32, rounded once. Differentiable in ``x`` (backward: the inverse
+        rotation), and in ``cos``/``sin`` when they require grad.
 
     Raises:
-        ValueError: mismatched shapes, or ``R > D``.
-        TypeError: non-floating inputs.
+        ValueError: mismatched shapes or devices, or ``R > D``.
+        TypeError: non-tensor, non-floating or complex inputs.
     """
-    rotary_dim = _check(x, cos, sin)
-    half = rotary_dim // 2
-    if cos.dim() == 3:  # [B, T, R/2] -> [B, 1, T, R/2]
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    out = x.clone()
-    if interleaved:
-        a, b = x[..., 0:rotary_dim:2], x[..., 1:rotary_dim:2]
-        out[..., 0:rotary_dim:2] = a * cos - b * sin
-        out[..., 1:rotary_dim:2] = a * sin + b * cos
-    else:
-        a, b = x[..., :half], x[..., half:rotary_dim]
-        out[..., :half] = a * cos - b * sin
-        out[..., half:rotary_dim] = a * sin + b * cos
+    _check(x, cos, sin)
+    if _needs_grad(cos, sin):
+        return _rotate_differentiable(x, cos, sin, interleaved)
+    if _needs_grad(x):
+        return _Rope.apply(x, cos, sin, interleaved, False)
+    out = empty_like(x)
+    _rotate_into(out, x, cos, sin, interleaved=interleaved, inverse=False)
     return out
+
+
+def apply_rope_(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = False) -> Tensor:
+    """In-place ``apply_rope``: rotate ``x`` where it lies and return it.
+
+    Same arguments, shapes and numerics as ``apply_rope``. Autograd follows the usual
+    in-place rules (``x`` must not be a leaf that requires grad).
+
+    Raises:
+        ValueError: mismatched shapes or devices, ``R > D``, or an ``x`` whose elements
+            overlap in memory (an expanded tensor).
+        TypeError: non-tensor, non-floating or complex inputs.
+    """
+    _check(x, cos, sin)
+    if any(stride == 0 and size > 1 for stride, size in zip(x.stride(), x.shape, strict=True)):
+        raise ValueError(
+            f"x (shape {tuple(x.shape)}, strides {x.stride()}) has overlapping elements; "
+            "rotate a copy with apply_rope instead"
+        )
+    if _needs_grad(cos, sin):
+        return x.copy_(_rotate_differentiable(x, cos, sin, interleaved))
+    if _needs_grad(x):
+        return _Rope.apply(x, cos, sin, interleaved, True)
+    _rotate_into(x, x, cos, sin, interleaved=interleaved, inverse=False)
+    return x

@@ -1,0 +1,177 @@
+"""RoPE benchmark: ``apply_rope`` against the copy floor and the popular implementations.
+
+Shapes: ``B`` batch, ``H`` heads, ``T`` length, ``D`` head_dim. Each group rotates a
+query and a key ``[B, H, T, D]``. The floor copies both into preallocated tensors (one
+read and one write each, the least any rotation can do); the other baselines are the
+transformers-style expression ``x * cos + rotate_half(x) * sin``, Meta's complex
+multiply, and, when installed, transformers' ``apply_rotary_pos_emb`` and
+``rotary-embedding-torch``'s ``apply_rotary_emb`` (neither is a dependency of posenc).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from posenc.bench.timing import Group, measure
+from posenc.encodings.rope import RotaryEmbedding
+from posenc.encodings.rope_apply import apply_rope, apply_rope_
+
+__all__ = ["FLOOR", "HF_STYLE", "rope_groups"]
+
+FLOOR = "copy floor"
+HF_STYLE = "transformers-style expression"
+
+FULL = (((4, 16, 2048, 64), torch.float32), ((1, 32, 8192, 128), torch.float32))
+FULL += (((4, 16, 2048, 64), torch.bfloat16),)
+QUICK = (((1, 2, 32, 16), torch.float32), ((1, 2, 32, 16), torch.bfloat16))
+
+Pair = tuple[Tensor, Tensor]
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _hf_style(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    return x * cos + _rotate_half(x) * sin
+
+
+def _meta_style(x: Tensor, freqs: Tensor) -> Tensor:
+    pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))  # [B, H, T, D/2]
+    return torch.view_as_real(pairs * freqs).flatten(-2).type_as(x)
+
+
+def _optional_baselines(
+    angles: Tensor, cos_full: Tensor, sin_full: Tensor
+) -> dict[str, Callable[[Tensor], Tensor]]:
+    """transformers' and rotary-embedding-torch's own functions, where importable."""
+    found: dict[str, Callable[[Tensor], Tensor]] = {}
+    try:
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+    except ImportError:
+        pass
+    else:
+        cos_b, sin_b = cos_full[None], sin_full[None]  # [1, T, D], as Llama passes them
+
+        def hf_function(x: Tensor) -> Tensor:
+            return apply_rotary_pos_emb(x, x, cos_b, sin_b)[0]
+
+        found["transformers apply_rotary_pos_emb"] = hf_function
+    try:
+        from rotary_embedding_torch import apply_rotary_emb
+    except ImportError:
+        pass
+    else:
+        freqs = angles.repeat_interleave(2, dim=-1)  # [T, D], its interleaved layout
+
+        def lucidrains(x: Tensor) -> Tensor:
+            return apply_rotary_emb(freqs, x)
+
+        found["rotary-embedding-torch"] = lucidrains
+    return found
+
+
+def _both(fn: Callable[[Tensor], Tensor], q: Tensor, k: Tensor) -> Callable[[], Pair]:
+    return lambda: (fn(q), fn(k))
+
+
+def _inputs(shape: tuple[int, ...], dtype: torch.dtype, seed: int = 0) -> dict[str, Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    _, _, length, dim = shape
+    rope = RotaryEmbedding(dim)
+    positions = torch.arange(length)
+    cos, sin = rope.cos_sin(positions, dtype=torch.float32)  # [T, D/2]
+    angles = positions[:, None].double() * rope.inv_freq.double()
+    return {
+        "q": torch.randn(shape, generator=gen).to(dtype),
+        "k": torch.randn(shape, generator=gen).to(dtype),
+        "cos": cos,
+        "sin": sin,
+        "angles": angles.float(),
+        "cos_full": torch.cat((cos, cos), dim=-1).to(dtype),  # [T, D] as HF builds it
+        "sin_full": torch.cat((sin, sin), dim=-1).to(dtype),
+    }
+
+
+def _forward_cases(t: dict[str, Tensor]) -> dict[str, Callable[[], object]]:
+    q, k, cos, sin = t["q"], t["k"], t["cos"], t["sin"]
+    out_q, out_k = torch.empty_like(q), torch.empty_like(k)
+    in_q, in_k = q.clone(), k.clone()  # rotated in place, again and again
+    freqs = torch.polar(torch.ones_like(t["angles"]), t["angles"])  # [T, D/2] complex
+    rope, rope_i = RotaryEmbedding(q.shape[-1]), RotaryEmbedding(q.shape[-1], interleaved=True)
+    cases: dict[str, Callable[[], object]] = {
+        FLOOR: lambda: (out_q.copy_(q), out_k.copy_(k)),
+        "clone (fresh allocation)": lambda: (q.clone(), k.clone()),
+        HF_STYLE: _both(lambda x: _hf_style(x, t["cos_full"], t["sin_full"]), q, k),
+        "Meta view_as_complex (interleaved)": _both(lambda x: _meta_style(x, freqs), q, k),
+    }
+    for name, fn in _optional_baselines(t["angles"], t["cos_full"], t["sin_full"]).items():
+        cases[name] = _both(fn, q, k)
+    for layout, inter in (("half", False), ("interleaved", True)):
+        cases[f"posenc apply_rope {layout}"] = _both(
+            lambda x, i=inter: apply_rope(x, cos, sin, interleaved=i), q, k
+        )
+        cases[f"posenc apply_rope_ {layout} (in place)"] = _both(
+            lambda x, i=inter: apply_rope_(x, cos, sin, interleaved=i), in_q, in_k
+        )
+    cases["posenc RotaryEmbedding half"] = lambda: rope(q, k)
+    cases["posenc RotaryEmbedding interleaved"] = lambda: rope_i(q, k)
+    return cases
+
+
+def _train_step(fn: Callable[[Tensor], Tensor], q: Tensor, k: Tensor) -> Callable[[], object]:
+    """Forward and backward of ``fn`` on ``q`` and ``k`` with a fixed upstream gradient."""
+    q, k = q.detach().requires_grad_(), k.detach().requires_grad_()
+    grads = (torch.randn_like(q), torch.randn_like(k))
+    return lambda: torch.autograd.grad((fn(q), fn(k)), (q, k), grads)
+
+
+def _backward_cases(t: dict[str, Tensor]) -> dict[str, Callable[[], object]]:
+    q, k, cos, sin = t["q"], t["k"], t["cos"], t["sin"]
+    outs = [torch.empty_like(q) for _ in range(4)]
+    cases: dict[str, Callable[[], object]] = {
+        "copy floor x2 (forward + backward)": lambda: (
+            outs[0].copy_(q),
+            outs[1].copy_(k),
+            outs[2].copy_(q),
+            outs[3].copy_(k),
+        ),
+        HF_STYLE: _train_step(lambda x: _hf_style(x, t["cos_full"], t["sin_full"]), q, k),
+    }
+    for name, fn in _optional_baselines(t["angles"], t["cos_full"], t["sin_full"]).items():
+        cases[name] = _train_step(fn, q, k)
+    for layout, inter in (("half", False), ("interleaved", True)):
+        cases[f"posenc apply_rope {layout}"] = _train_step(
+            lambda x, i=inter: apply_rope(x, cos, sin, interleaved=i), q, k
+        )
+    return cases
+
+
+def rope_groups(*, quick: bool, repeats: int, warmup: int) -> list[Group]:
+    """Measure every RoPE case on the suite's shapes; one group per shape, dtype and pass."""
+    groups = []
+    for shape, dtype in QUICK if quick else FULL:
+        tensors = _inputs(shape, dtype)
+        info = {"shape": list(shape), "dtype": str(dtype).removeprefix("torch.")}
+        label = f"{list(shape)} {info['dtype']}"
+        for kind, cases, floor in (
+            ("forward", _forward_cases(tensors), FLOOR),
+            ("forward+backward", _backward_cases(tensors), "copy floor x2 (forward + backward)"),
+        ):
+            stats = measure(cases, repeats=repeats, warmup=warmup)
+            groups.append(
+                Group(
+                    suite="rope",
+                    title=f"RoPE q+k {label} {kind}",
+                    stats=stats,
+                    floor=floor,
+                    speedup_over=(HF_STYLE,),
+                    info={**info, "pass": kind},
+                )
+            )
+            del cases, stats
+    return groups

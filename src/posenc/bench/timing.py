@@ -1,0 +1,116 @@
+"""Timing primitives of the benchmark suite: round-robin medians, spreads, machine info.
+
+Every comparison is a ratio of medians measured in one run, with the cases of a group
+interleaved (one call of each per round), so that a busy machine slows them alike.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+__all__ = ["Group", "Stats", "machine_info", "measure"]
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Wall-clock statistics of one case, in milliseconds."""
+
+    median_ms: float
+    q1_ms: float
+    q3_ms: float
+    min_ms: float
+    max_ms: float
+    repeats: int
+
+    @classmethod
+    def of(cls, seconds: list[float]) -> Stats:
+        ms = sorted(1e3 * s for s in seconds)
+        if len(ms) >= 2:
+            q1, _, q3 = statistics.quantiles(ms, n=4, method="inclusive")
+        else:
+            q1 = q3 = ms[0]
+        return cls(statistics.median(ms), q1, q3, ms[0], ms[-1], len(ms))
+
+
+def measure(
+    cases: Mapping[str, Callable[[], object]], *, repeats: int, warmup: int = 1
+) -> dict[str, Stats]:
+    """Time each callable ``repeats`` times, round-robin, after ``warmup`` untimed rounds."""
+    for _ in range(warmup):
+        for fn in cases.values():
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(repeats):
+        for name, fn in cases.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: Stats.of(t) for name, t in times.items()}
+
+
+@dataclass
+class Group:
+    """Cases measured together, with ratios against the group's baselines.
+
+    ``ratios[case]`` maps a baseline name to ``median(case) / median(baseline)`` (the
+    multiple of the copy floor) or, for ``speedup_over`` baselines, the inverse
+    ``median(baseline) / median(case)`` (how many times faster the case is).
+    """
+
+    suite: str
+    title: str
+    stats: dict[str, Stats]
+    floor: str | None = None
+    speedup_over: tuple[str, ...] = ()
+    info: dict[str, object] = field(default_factory=dict)
+
+    def ratio_to_floor(self, case: str) -> float | None:
+        if self.floor is None or self.floor not in self.stats:
+            return None
+        return self.stats[case].median_ms / self.stats[self.floor].median_ms
+
+    def speedup(self, case: str, baseline: str) -> float | None:
+        if baseline not in self.stats:
+            return None
+        return self.stats[baseline].median_ms / self.stats[case].median_ms
+
+    def to_json(self) -> dict[str, object]:
+        cases = []
+        for name, st in self.stats.items():
+            entry: dict[str, object] = {"case": name, **asdict(st)}
+            entry["x_floor"] = self.ratio_to_floor(name)
+            entry["speedup"] = {b: self.speedup(name, b) for b in self.speedup_over}
+            cases.append(entry)
+        return {"suite": self.suite, "title": self.title, "info": self.info, "cases": cases}
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_info() -> dict[str, object]:
+    """CPU model, cores, torch version and threads of the machine the suite runs on."""
+    return {
+        "cpu_model": _cpu_model(),
+        "cpu_cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    }
