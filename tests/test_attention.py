@@ -207,6 +207,19 @@ def test_matches_reference(kind, causal, backend, dtype):
     torch.testing.assert_close(out.double(), torch.from_numpy(expected), **tol)
 
 
+@pytest.mark.parametrize("backend", ["eager", "sdpa", "chunked"])
+def test_bfloat16_matches_reference(backend):
+    kind = "table" if backend == "sdpa" else "value"
+    mha = make(kind, backend=backend, block_size=4)
+    x, pos, kpm = inputs()
+    expected = reference(x.numpy(), mha, kind, pos.numpy(), kpm=kpm.numpy())
+    out = mha.to(torch.bfloat16)(x.to(torch.bfloat16), pos, key_padding_mask=kpm)
+    # bf16 rounds once per stored intermediate (about 8 of them); sums accumulate in fp32
+    torch.testing.assert_close(
+        out.double(), torch.from_numpy(expected), **tolerances(torch.bfloat16)
+    )
+
+
 def test_default_and_shared_positions_match_reference():
     mha = make("rotation")
     x, _, _ = inputs()
@@ -277,8 +290,9 @@ def test_packed_segments_equal_separate_documents():
     assert not torch.allclose(leaked, apart, **tolerances(torch.float64, ops=OPS))
 
 
+@pytest.mark.parametrize("whole_mask", [False, True], ids=["new-keys-mask", "all-keys-mask"])
 @pytest.mark.parametrize("prefill", [1, 5])
-def test_decoding_equals_full_forward(prefill):
+def test_decoding_equals_full_forward(prefill, whole_mask):
     torch.manual_seed(0)
     position = Compose([PairRotation(), RelTable(), GatedCount(), RelValue()])
     mha = MultiHeadAttention(C, H, position=position, num_kv_heads=KV, block_size=2).double()
@@ -287,7 +301,8 @@ def test_decoding_equals_full_forward(prefill):
     cache = KVCache()
     steps = [mha(x[:, :prefill], pos[:, :prefill], key_padding_mask=kpm[:, :prefill], cache=cache)]
     for t in range(prefill, T):
-        steps.append(mha(x[:, t : t + 1], key_padding_mask=kpm[:, : t + 1], cache=cache))
+        mask = kpm[:, : t + 1] if whole_mask else kpm[:, t : t + 1]
+        steps.append(mha(x[:, t : t + 1], key_padding_mask=mask, cache=cache))
     assert len(cache) == T and torch.equal(cache.positions, pos)
     torch.testing.assert_close(torch.cat(steps, dim=1), full, **tolerances(torch.float64, ops=OPS))
 

@@ -16,7 +16,9 @@ Backends:
 * ``chunked``: the queries in blocks of ``block_size`` (Rabe & Staats 2021, "Self-attention
   Does Not Need O(n^2) Memory"): per block, the encoding's bias for that block only, then
   SDPA (or the eager formula when the encoding has a VALUE term). Under a causal mask
-  with non-decreasing key positions, keys no query of the block may see are skipped. With
+  with non-decreasing key positions, keys no query of the block may see are skipped (the
+  hooks then see a prefix of the keys) and only the keys that some query of the block
+  may not see get a ``-inf`` mask; a decoding step needs no mask at all. With
   gradients enabled each block is recomputed in the backward pass
   (``torch.utils.checkpoint``; Chen et al. 2016), so forward and backward hold
   ``O(B * H * block_size * Tk)`` extra memory and never a ``[H, Tq, Tk]`` tensor.
@@ -95,8 +97,10 @@ class Masking:
             return None
         return mask.unsqueeze(-3) if mask.dim() == 3 else mask[None, None]
 
-    def key_ranges(self, starts: list[int], stop: int, num_keys: int) -> list[tuple[int, int]]:
-        """Per query block ``start:start + stop``, the keys that need a mask:
+    def key_ranges(
+        self, starts: list[int], block_size: int, num_keys: int
+    ) -> list[tuple[int, int]]:
+        """Per query block ``start:start + block_size``, the keys that need a mask:
         ``(first, limit)`` where keys ``>= limit`` are invisible to every query of the
         block and keys ``< first`` are visible to all of them.
 
@@ -106,7 +110,7 @@ class Masking:
         k_pos = self.k_pos
         if not self.causal or bool((k_pos[..., 1:] < k_pos[..., :-1]).any()):
             return [(0, num_keys)] * len(starts)
-        blocks = [self.q_pos[..., s : s + stop] for s in starts]
+        blocks = [self.q_pos[..., s : s + block_size] for s in starts]
         latest = torch.stack([b.amax(-1) for b in blocks], -1)  # [blocks] or [B, blocks]
         earliest = torch.stack([b.amin(-1) for b in blocks], -1)
         bounds = torch.cat((latest, earliest), -1)  # [2 * blocks] or [B, 2 * blocks]
