@@ -75,16 +75,18 @@ def empty_like(x: Tensor, *, dtype: torch.dtype | None = None) -> Tensor:
     return out
 
 
-def chunks(length: int, bytes_per_step: int, *, target: int = CHUNK_BYTES) -> list[slice]:
+def chunks(length: int, bytes_per_step: int, *, target: int | None = None) -> list[slice]:
     """Split ``range(length)`` into slices of about ``target`` bytes each.
 
     Args:
         length: the size of the dimension being split.
         bytes_per_step: bytes of data under one index of that dimension.
-        target: wanted bytes per chunk (at least one index per chunk).
+        target: wanted bytes per chunk (at least one index per chunk); default
+            ``CHUNK_BYTES``, read when called.
 
     Returns:
         Consecutive slices covering ``0 .. length - 1``; one slice when it all fits.
     """
+    target = CHUNK_BYTES if target is None else target
     step = max(1, target // max(1, bytes_per_step))
     return [slice(i, min(i + step, length)) for i in range(0, length, step)]

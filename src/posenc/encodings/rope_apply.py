@@ -109,6 +109,8 @@ def _rotate_into(
     """Write the rotated ``x`` into ``out`` (``out is x``: in place)."""
     rotary_dim = 2 * cos.shape[-1]
     inplace = out is x
+    if x.numel() == 0:
+        return
     if not inplace and rotary_dim < x.shape[-1]:
         out[..., rotary_dim:].copy_(x[..., rotary_dim:])  # pass-through features
     compute = _compute_dtype(x.dtype)
