@@ -20,7 +20,7 @@ from posenc import PositionalEncoding, Site, cli, register
 from posenc.lab import LabConfig, Task, TinyLM, load_corpus
 from posenc.lab.corpus import HELD_OUT_EVERY, stdlib_corpus
 from posenc.lab.distributed import Context
-from posenc.lab.evaluate import accuracy, perplexity, window_count
+from posenc.lab.evaluate import accuracy, perplexity, window_starts
 from posenc.lab.results import check_identity, write_json
 from posenc.lab.tasks import IGNORE
 from posenc.lab.train import lr_at
@@ -276,10 +276,34 @@ def test_uniform_model_has_perplexity_256():
         def forward(self, tokens: Tensor) -> Tensor:
             return torch.zeros(*tokens.shape, 256)
 
-    data = torch.arange(1000) % 256
-    out = perplexity(Uniform(), data.to(torch.uint8), 64, max_tokens=300, context=Context())
-    assert out["tokens"] == 64 * window_count(1000, 64, 300) == 256
+    data = (torch.arange(1000) % 256).to(torch.uint8)
+    out = perplexity(Uniform(), data, 64, longest=128, max_tokens=300, context=Context())
+    assert out["tokens"] == 2 * 128  # two segments of 128 bytes, each cut in two windows
     assert math.isclose(out["ppl"], 256.0, rel_tol=1e-12)
+
+
+@given(
+    num_bytes=st.integers(2, 5000),
+    log_longest=st.integers(0, 9),
+    log_ratio=st.integers(0, 9),
+    max_tokens=st.integers(1, 3000),
+)
+def test_eval_windows_score_the_same_bytes_at_every_length(
+    num_bytes, log_longest, log_ratio, max_tokens
+):
+    longest = 2**log_longest
+    length = 2 ** max(0, log_longest - log_ratio)
+    if num_bytes <= longest:
+        with pytest.raises(ValueError, match="too few"):
+            window_starts(num_bytes, length, longest=longest, max_tokens=max_tokens)
+        return
+    starts = window_starts(num_bytes, length, longest=longest, max_tokens=max_tokens)
+    segments = window_starts(num_bytes, longest, longest=longest, max_tokens=max_tokens)
+    scored = {int(s) + 1 + i for s in starts for i in range(length)}  # target byte indices
+    assert scored == {int(s) + 1 + i for s in segments for i in range(longest)}
+    assert len(scored) == starts.numel() * length  # non-overlapping
+    assert int(starts.max()) + length < num_bytes  # every window's targets exist
+    assert starts.numel() * length <= max(max_tokens, longest)
 
 
 @pytest.mark.parametrize("name", ["nope", "sinusoidal", "learned", "rope", "alibi", "t5"])

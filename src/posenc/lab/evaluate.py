@@ -1,11 +1,12 @@
 """Evaluation at one length: perplexity on held-out text, exact-match accuracy on tasks.
 
-Shapes: ``B`` windows, ``T`` length, ``V`` vocabulary. Text is cut into consecutive
-non-overlapping windows of ``T`` scored bytes (each byte predicted once, with the window
-as its only context, as in Press et al. 2022, section 4); at most ``max_tokens`` bytes
-are scored per length, from the start of the held-out text, so every length costs about
-the same. Windows (and task examples) are sharded across processes and their sums
-reduced, so every process returns the same numbers.
+Shapes: ``B`` windows, ``T`` length, ``V`` vocabulary. Each byte is predicted once, with
+its window as its only context (non-overlapping windows, as in Press et al. 2022,
+section 4). At most ``max_tokens`` bytes are scored per length: *segments* of the
+longest evaluation length, spread evenly over the held-out text, are each cut into
+windows of ``T``, so every length scores the same bytes (when ``T`` divides the
+longest length) and costs about the same. Windows (and task examples) are sharded
+across processes and their sums reduced, so every process returns the same numbers.
 """
 
 from __future__ import annotations
@@ -19,20 +20,46 @@ from torch import Tensor, nn
 from posenc.lab.distributed import Context
 from posenc.lab.tasks import IGNORE, Task
 
-__all__ = ["accuracy", "perplexity", "window_count"]
+__all__ = ["accuracy", "perplexity", "segment_count", "window_starts"]
 
 #: Tokens per forward pass during evaluation (bounds memory at long lengths).
 _BATCH_TOKENS = 8192
 
 
-def window_count(num_bytes: int, length: int, max_tokens: int) -> int:
-    """How many windows of ``length`` scored bytes evaluation uses (0 when none fits)."""
-    return min(max(1, max_tokens // length), max(0, (num_bytes - 1) // length))
+def segment_count(num_bytes: int, longest: int, max_tokens: int) -> int:
+    """How many segments of ``longest`` scored bytes evaluation uses (0 when none fits)."""
+    return min(max(1, max_tokens // longest), max(0, (num_bytes - 1) // longest))
+
+
+def window_starts(num_bytes: int, length: int, *, longest: int, max_tokens: int) -> Tensor:
+    """Start offsets ``[N]`` of the evaluation windows of ``length`` (each reads
+    ``length + 1`` bytes: inputs and next-byte targets).
+
+    Raises:
+        ValueError: fewer than ``longest + 1`` bytes, or ``length > longest``.
+    """
+    if length > longest:
+        raise ValueError(f"length {length} exceeds the longest evaluation length {longest}")
+    count = segment_count(num_bytes, longest, max_tokens)
+    if count == 0:
+        raise ValueError(
+            f"the held-out text has {num_bytes} bytes, too few for one window of {longest}"
+        )
+    stride = (num_bytes - 1) // count  # >= longest: segments never overlap
+    segments = torch.arange(count) * stride  # [S]
+    inner = torch.arange(longest // length) * length  # [W]
+    return (segments[:, None] + inner).flatten()  # [S * W]
 
 
 @torch.inference_mode()
 def perplexity(
-    model: nn.Module, data: Tensor, length: int, *, max_tokens: int, context: Context
+    model: nn.Module,
+    data: Tensor,
+    length: int,
+    *,
+    longest: int,
+    max_tokens: int,
+    context: Context,
 ) -> dict[str, float]:
     """Per-byte perplexity of ``model`` on ``data`` in windows of ``length``.
 
@@ -40,24 +67,20 @@ def perplexity(
         ``{"loss": nats per byte, "ppl": exp(loss), "tokens": bytes scored}``.
 
     Raises:
-        ValueError: ``data`` is too short for one window of ``length``.
+        ValueError: see ``window_starts``.
     """
-    count = window_count(data.numel(), length, max_tokens)
-    if count == 0:
-        raise ValueError(
-            f"the held-out text has {data.numel()} bytes, too few for one window of {length}"
-        )
-    mine = torch.arange(count)[context.rank :: context.world]
+    starts = window_starts(data.numel(), length, longest=longest, max_tokens=max_tokens)
+    mine = starts[context.rank :: context.world]
     per_batch = max(1, _BATCH_TOKENS // length)
     offsets = torch.arange(length + 1)
     nll = torch.zeros((), dtype=torch.float64)
     for chunk in mine.split(per_batch):
-        window = data[chunk[:, None] * length + offsets].long().to(context.device)  # [B, T+1]
+        window = data[chunk[:, None] + offsets].long().to(context.device)  # [B, T+1]
         logits = model(window[:, :-1])  # [B, T, V]
         targets = window[:, 1:].flatten()
         nll += F.cross_entropy(logits.double().flatten(0, 1), targets, reduction="sum").cpu()
     total = context.sum(nll)
-    tokens = count * length
+    tokens = starts.numel() * length
     loss = float(total) / tokens
     return {"loss": loss, "ppl": math.exp(loss), "tokens": tokens}
 

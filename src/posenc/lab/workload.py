@@ -18,7 +18,7 @@ from torch import nn
 from posenc.lab.config import LabConfig
 from posenc.lab.corpus import load_corpus
 from posenc.lab.distributed import Context
-from posenc.lab.evaluate import accuracy, perplexity, window_count
+from posenc.lab.evaluate import accuracy, perplexity, segment_count
 from posenc.lab.tasks import Task
 from posenc.lab.train import TaskStream, TextWindows
 
@@ -66,7 +66,7 @@ def make_workload(config: LabConfig, context: Context) -> Workload:
             ),
         )
     corpus = load_corpus(config.corpus)
-    if window_count(corpus.heldout.numel(), longest, config.eval_tokens) == 0:
+    if segment_count(corpus.heldout.numel(), longest, config.eval_tokens) == 0:
         raise ValueError(
             f"the held-out part of corpus {corpus.source!r} has {corpus.heldout.numel()} bytes, "
             f"too few for one window of evaluation length {longest}"
@@ -83,6 +83,11 @@ def make_workload(config: LabConfig, context: Context) -> Workload:
         sha256=corpus.sha256,
         sampler=lambda length, seed: TextWindows(corpus.train, length, seed),
         evaluate=lambda model, length: perplexity(
-            model, corpus.heldout, length, max_tokens=config.eval_tokens, context=context
+            model,
+            corpus.heldout,
+            length,
+            longest=longest,
+            max_tokens=config.eval_tokens,
+            context=context,
         ),
     )
