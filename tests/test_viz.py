@@ -250,3 +250,10 @@ def test_viz_is_headless_and_lazy(tmp_path):
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"
     assert imread(tmp_path / "x.png").std() > 0
+
+
+def test_docs_gallery_shows_every_figure():
+    page = (Path(__file__).parents[1] / "docs" / "gallery.md").read_text(encoding="utf-8")
+    for item in GALLERY.values():
+        assert f"(figures/{item.filename})" in page, item.filename
+        assert f"posenc show {item.name}`" in page, item.name

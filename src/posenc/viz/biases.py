@@ -117,7 +117,7 @@ def bias_figure(
         row[0].set_ylabel("query i" + ("\n(random q, k)" if content else ""))
         if not np.nanmax(np.abs(bias)) > 0:
             for ax in row:
-                ax.text(length / 2, length * 0.3, "zero at\ninitialisation", ha="center")
+                ax.text(length * 0.3, length * 0.75, "zero at\ninitialisation", ha="center")
         row[-1].figure.colorbar(image, ax=list(row), label="bias", shrink=0.85)
     for ax in axes[-1]:
         ax.set_xlabel("key j")

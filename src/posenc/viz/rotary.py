@@ -169,14 +169,15 @@ def rope_spectrum_figure(
         title="wavelength 2π / θ_i", xlabel="dimension pair i", ylabel="wavelength (positions)"
     )
     ax_ratio.axhline(factor, color="0.3", ls=":", lw=1)
-    ticks = 2.0 ** np.arange(0, int(np.log2(ax_ratio.get_ylim()[1])) + 1)
-    ax_ratio.set_yticks(ticks, [f"{t:g}" for t in ticks])
     ax_ratio.set(
         title="θ_default / θ_scaled: how much each pair is slowed down",
         xlabel="dimension pair i",
         ylabel="interpolation factor",
         yscale="log",
     )
+    ticks = 2.0 ** np.arange(0, int(np.log2(ax_ratio.get_ylim()[1])) + 1)
+    ax_ratio.set_yticks(ticks, [f"{t:g}" for t in ticks])
+    ax_ratio.minorticks_off()
     ax_wave.legend(loc="upper left", fontsize=8)
     ax_ratio.legend(loc="upper left", fontsize=8)
     for ax in (ax_wave, ax_ratio):
