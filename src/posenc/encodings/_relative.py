@@ -120,7 +120,7 @@ def offsets(q_pos: Tensor, k_pos: Tensor) -> Tensor:
     q = q_pos.to(common)
     k = k_pos.to(common)
     d = q.unsqueeze(-1) - k.unsqueeze(-2)  # [Tq, Tk] or [B, Tq, Tk]
-    return d.view(-1, 1, *d.shape[-2:])
+    return (d if d.dim() == 3 else d.unsqueeze(0)).unsqueeze(1)  # no view(-1): T may be 0
 
 
 def toeplitz_bias(fn: OffsetFn, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype) -> Tensor:

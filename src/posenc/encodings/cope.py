@@ -57,7 +57,7 @@ def cope_positions(q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, npos_max:
     q_pos, k_pos = check_hook_inputs(q, k, q_pos, k_pos)
     work = compute_dtype(q.dtype)
     logits = torch.matmul(q, k.transpose(-2, -1)).to(work) * q.shape[-1] ** -0.5
-    visible = (q_pos.unsqueeze(-1) >= k_pos.unsqueeze(-2)).view(-1, 1, *logits.shape[-2:])
+    visible = (q_pos.unsqueeze(-1) >= k_pos.unsqueeze(-2)).unsqueeze(-3)  # [B|1, 1, Tq, Tk]
     gates = torch.sigmoid(logits) * visible  # [B, H, Tq, Tk]
     return gates.flip(-1).cumsum(-1).flip(-1).clamp(max=npos_max - 1)
 
@@ -87,10 +87,11 @@ def cope_bias(q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, pos_emb: Tenso
     p = cope_positions(q, k, q_pos, k_pos, pos_emb.shape[0])
     work = p.dtype
     per_position = torch.matmul(q, pos_emb.to(q.dtype).T).to(work) * q.shape[-1] ** -0.5
-    low = p.floor()
+    index = p.nan_to_num(0.0)  # NaN gates (NaN in q or k) index 0; w carries the NaN
+    low = index.floor()
     w = p - low  # gradient reaches the gates through the interpolation weight
     at_low = per_position.gather(-1, low.long())  # [B, H, Tq, Tk]
-    at_high = per_position.gather(-1, p.ceil().long())
+    at_high = per_position.gather(-1, index.ceil().long())
     return (at_low + w * (at_high - at_low)).to(q.dtype)
 
 

@@ -71,7 +71,7 @@ def fire_normalized_distance(
     c = c.to(compute_dtype(c.dtype) if c.is_floating_point() else torch.float32)
     threshold = torch.as_tensor(threshold, dtype=c.dtype, device=q_pos.device)
     u = _normalized(q_pos.unsqueeze(-1), k_pos.unsqueeze(-2), c, threshold, eps)
-    return u.view(-1, *u.shape[-2:])
+    return u if u.dim() == 3 else u.unsqueeze(0)
 
 
 def fire_bias(
@@ -149,7 +149,7 @@ class FIRE(PositionalEncoding):
 
     def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """``[B|1, H, Tq, Tk]`` bias in ``q``'s dtype."""
-        q_pos, k_pos = check_hook_inputs(q, k, q_pos, k_pos)
+        q_pos, k_pos = check_hook_inputs(q, k, q_pos, k_pos, num_heads=self.num_heads)
         bias = self._bias(q_pos.unsqueeze(-1), k_pos.unsqueeze(-2)).movedim(-1, -3)
         return (bias if bias.dim() == 4 else bias.unsqueeze(0)).to(q.dtype)  # [B|1, H, Tq, Tk]
 
