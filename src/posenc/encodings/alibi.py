@@ -41,6 +41,9 @@ from posenc.encodings._relative import (
 
 __all__ = ["ALiBi", "alibi_bias", "alibi_slopes"]
 
+#: Guards the slope cache; module-level so that instances stay picklable and deep-copyable.
+_LOCK = threading.Lock()
+
 
 def alibi_slopes(num_heads: int, *, dtype: torch.dtype = torch.float32) -> Tensor:
     """The ALiBi slope of each head, ``[H]``, for any head count.
@@ -122,14 +125,13 @@ class ALiBi(PositionalEncoding):
         self.num_heads = check_int("num_heads", num_heads)
         self.causal = bool(causal)
         self._slopes: dict[torch.device, Tensor] = {}
-        self._lock = threading.Lock()
 
     def slopes(self, device: torch.device | str | None = None) -> Tensor:
         """The float64 slopes ``[H]`` on ``device`` (cached; not a buffer)."""
         device = torch.device(device or "cpu")
         cached = self._slopes.get(device)
         if cached is None:
-            with self._lock:
+            with _LOCK:
                 cached = alibi_slopes(self.num_heads, dtype=torch.float64).to(device)
                 self._slopes[device] = cached
         return cached

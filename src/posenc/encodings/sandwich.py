@@ -111,16 +111,15 @@ class Sandwich(PositionalEncoding):
         super().__init__()
         self.num_heads = check_int("num_heads", num_heads)
         self.dim = check_even("dim", dim)
-        self._fn = _sandwich_fn(self.num_heads, self.dim)
 
     def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """``[B|1, H, Tq, Tk]`` bias in ``q``'s dtype."""
         q_pos, k_pos = check_hook_inputs(q, k, q_pos, k_pos, num_heads=self.num_heads)
-        return toeplitz_bias(self._fn, q_pos, k_pos, q.dtype)
+        return toeplitz_bias(_sandwich_fn(self.num_heads, self.dim), q_pos, k_pos, q.dtype)
 
     def score_mod(self) -> ScoreMod:
         """FlexAttention ``score_mod`` adding this bias (query/key indices as positions)."""
-        return offset_score_mod(self._fn)
+        return offset_score_mod(_sandwich_fn(self.num_heads, self.dim))
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, dim={self.dim}"

@@ -30,6 +30,9 @@ from posenc.base import PositionalEncoding, Site, register
 
 __all__ = ["SinusoidalPositionalEncoding", "sinusoidal_table"]
 
+#: Guards cache growth; module-level so that instances stay picklable and deep-copyable.
+_LOCK = threading.Lock()
+
 
 def sinusoidal_table(
     positions: Tensor, d_model: int, *, base: float = 10000.0, dtype: torch.dtype = torch.float32
@@ -76,7 +79,6 @@ class SinusoidalPositionalEncoding(PositionalEncoding):
         self.base = check_float("base", base, positive=True)
         self.dropout = nn.Dropout(check_probability("dropout", dropout))
         self._tables: dict[tuple[torch.device, torch.dtype], Tensor] = {}
-        self._lock = threading.Lock()
 
     def table(
         self,
@@ -96,7 +98,7 @@ class SinusoidalPositionalEncoding(PositionalEncoding):
         key = (device, dtype)
         cached = self._tables.get(key)
         if cached is None or cached.shape[0] < seq_len:
-            with self._lock:
+            with _LOCK:
                 cached = self._tables.get(key)
                 if cached is None or cached.shape[0] < seq_len:
                     length = max(
