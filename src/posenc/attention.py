@@ -77,6 +77,8 @@ class MultiHeadAttention(nn.Module):
         num_heads: query heads ``H``.
         position: a ``PositionalEncoding``, or the name of a registered one, built with
             ``posenc.build(name, d_model=, num_heads=, head_dim=, causal=)``. None: NoPE.
+            Its QK, SCORE and VALUE hooks are applied here; its INPUT site (``embed``)
+            is the model's to apply to the token embeddings.
         causal: mask keys at later positions (``k_pos > q_pos``).
         dropout: attention dropout on the probabilities (training mode only).
         num_kv_heads: key/value heads ``Hkv`` (grouped-query attention); divides
