@@ -145,7 +145,7 @@ def render(rows: list[dict], title: str) -> None:
         table.add_column(header, justify="right")
     for row in rows:
         table.add_row(*("-" if row[k] is None else fmt.format(row[k]) for k, _, fmt in COLUMNS))
-    Console().print(table)
+    Console(width=150).print(table)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
