@@ -95,6 +95,10 @@ def alibi_bias(
 
     Returns:
         ``[B|1, H, Tq, Tk]``.
+
+    Raises:
+        ValueError: ``num_heads < 1``, or positions of rank other than 1 or 2.
+        TypeError: bf16/fp16/bool positions.
     """
     q_pos, k_pos = check_position_pair(q_pos, k_pos)
     slopes = alibi_slopes(num_heads, dtype=torch.float64).to(q_pos.device)

@@ -14,9 +14,10 @@ implemented, head ``h = 1..H``:
               = -(2 / (8h / H)) * sum_{k=1}^{d'/2} sin((i - j) * w_k / 2) ** 2
 
 i.e. the inner product shifted so that ``b(i, i) = 0`` (a constant per row, which the
-softmax ignores) and divided by ALiBi's head-specific ratio ``8h / H`` so that heads see
-different effective ranges, as in the authors' released setting. ``d'`` (``dim``) is a
-hyperparameter independent of the model width (128 by default). The sum uses the
+softmax ignores) and divided by ALiBi's head ratio ``8h / H`` so that heads see different
+effective ranges (this per-head compression follows NVIDIA NeMo's implementation of
+Sandwich). ``d'`` (``dim``) is a hyperparameter independent of the model width (128 by
+default). The sum uses the
 half-angle form (no cancellation near the diagonal) with angles in float64, rounded once
 to the output dtype; there are no parameters.
 """
