@@ -17,9 +17,8 @@ i.e. the inner product shifted so that ``b(i, i) = 0`` (a constant per row, whic
 softmax ignores) and divided by ALiBi's head ratio ``8h / H`` so that heads see different
 effective ranges (this per-head compression follows NVIDIA NeMo's implementation of
 Sandwich). ``d'`` (``dim``) is a hyperparameter independent of the model width (128 by
-default). The sum uses the
-half-angle form (no cancellation near the diagonal) with angles in float64, rounded once
-to the output dtype; there are no parameters.
+default). The sum uses the half-angle form (no cancellation near the diagonal) with
+angles in float64, rounded once to the output dtype; there are no parameters.
 """
 
 from __future__ import annotations
