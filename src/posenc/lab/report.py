@@ -15,6 +15,7 @@ from rich.table import Table
 
 __all__ = ["cells", "markdown", "plot", "plot_name", "print_table"]
 
+_METRIC_NAME = {"ppl": "perplexity", "accuracy": "accuracy"}
 _METRIC_TITLE = {
     "ppl": "per-byte perplexity on held-out text (lower is better)",
     "accuracy": "exact-match accuracy (higher is better)",
@@ -82,7 +83,7 @@ def markdown(results: dict) -> str:
     lines += ["", "| encoding | " + " | ".join(str(n) for n in lens) + " |"]
     lines.append("|---|" + "---:|" * len(lens))
     lines += [f"| {label} | " + " | ".join(row) + " |" for label, row in cells(results)]
-    lines += ["", f"![{results['metric']} against length]({plot_name(results)})", ""]
+    lines += ["", f"![{_METRIC_NAME[results['metric']]} against length]({plot_name(results)})", ""]
     notes = _notes(results)
     if notes:
         lines += ["Notes:", "", *(f"- {note}" for note in notes), ""]
@@ -96,8 +97,10 @@ def _notes(results: dict) -> list[str]:
             notes.append(f"{run['encoding']}: {run['status']}: {run.get('error')}")
             continue
         for row in run["rows"]:
-            reasons = sorted(set(row["notes"].values()))
-            notes += [f"{row['label']}: n/a: {reason}" for reason in reasons]
+            if row["notes"]:
+                lengths = ", ".join(row["notes"])
+                first = next(iter(row["notes"].values()))
+                notes.append(f"{row['label']}: n/a at {lengths}: {first}")
     return notes
 
 
