@@ -211,6 +211,8 @@ class MultiHeadAttention(nn.Module):
         k = self.k_proj(x).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
         if self.position.sites & Site.QK:
+            if cache is not None and q_pos.numel():
+                self.position.sync_cache(cache, int(q_pos.max()) + 1)
             q, k = self.position.rotate(q, k, q_pos, q_pos)  # [B, H, T, D], [B, Hkv, T, D]
 
         k_pos, k_mask, k_seg = q_pos, key_padding_mask, segment_ids

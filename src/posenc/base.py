@@ -25,7 +25,7 @@ import enum
 import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from torch import Tensor, nn
 
@@ -89,6 +89,16 @@ class PositionalEncoding(nn.Module):
         """VALUE site: a term ``[B, H, Tq, D]`` added to ``probs @ v`` (None: nothing)."""
         return None
 
+    def sync_cache(self, cache: Any, length: int) -> None:
+        """Make the keys of a KV cache consistent with a forward reaching ``length``.
+
+        ``MultiHeadAttention`` calls this before a cached forward whose positions reach
+        ``length - 1``. Encodings whose rotation depends on the sequence length (dynamic
+        NTK, LongRoPE) choose their frequencies for ``length`` here and re-rotate the
+        cached keys (``cache.keys``, stored rotated) so every key matches the new queries.
+        The default does nothing.
+        """
+
     def extra_repr(self) -> str:
         return f"sites={'|'.join(self.sites.names()) or 'none'}"
 
@@ -134,6 +144,10 @@ class Compose(PositionalEncoding):
             if enc.sites & Site.QK:
                 q, k = enc.rotate(q, k, q_pos, k_pos)
         return q, k
+
+    def sync_cache(self, cache: Any, length: int) -> None:
+        for enc in self._at(Site.QK):
+            enc.sync_cache(cache, length)
 
     def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
         return _sum_terms(e.score_bias(q, k, q_pos, k_pos) for e in self._at(Site.SCORE))

@@ -50,6 +50,8 @@ class KVCache:
         positions: ``[Tk]`` or ``[B, Tk]`` key positions, or None.
         key_padding_mask: ``[B, Tk]`` bool (True = attend), or None when no call gave one.
         segment_ids: ``[B, Tk]`` document ids of packed sequences, or None.
+        rotations: per encoding (by ``id``), the frequencies the cached keys were rotated
+            with, so length-dependent RoPE scalings can re-rotate them (``sync_cache``).
     """
 
     def __init__(self) -> None:
@@ -62,6 +64,8 @@ class KVCache:
         self.positions: Tensor | None = None
         self.key_padding_mask: Tensor | None = None
         self.segment_ids: Tensor | None = None
+        #: What each length-dependent encoding last rotated the keys with (its own records).
+        self.rotations: dict[int, object] = {}
 
     def __len__(self) -> int:
         return 0 if self.keys is None else self.keys.shape[-2]

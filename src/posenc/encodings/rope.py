@@ -30,6 +30,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -38,7 +39,12 @@ from torch.utils.hooks import RemovableHandle
 from posenc._checks import check_int, check_tensor, resolve_positions
 from posenc.base import PositionalEncoding, Site, register
 from posenc.encodings.rope_apply import apply_rope
-from posenc.encodings.rope_functional import Frequencies, rope_cos_sin, table_dtype
+from posenc.encodings.rope_functional import (
+    Frequencies,
+    rerotate_keys,
+    rope_cos_sin,
+    table_dtype,
+)
 from posenc.encodings.rope_scaling import DEFAULT_BASE, ScalingSpec, resolve_scaling
 
 __all__ = ["FrequencyChange", "RotaryEmbedding"]
@@ -150,6 +156,26 @@ class RotaryEmbedding(PositionalEncoding):
     def reset_length(self) -> FrequencyChange | None:
         """Forget the lengths seen: back to the frequencies of the original length."""
         return self._set_length(0)
+
+    def sync_cache(self, cache: Any, length: int) -> None:
+        """Length policy for a KV cache (dynamic NTK, LongRoPE).
+
+        Observe ``length``; if the cached keys (``cache.keys``) were rotated with other
+        frequencies than the current ones, re-rotate them (``rerotate_keys``) instead of
+        discarding the cache. The record lives in the cache, so one encoding shared by
+        several layers keeps every layer's cache consistent.
+        """
+        if not self.scaling.length_dependent:
+            return
+        self.observe_length(length)
+        state = self._state
+        current = (state.inv_freq, state.scale)
+        previous = cache.rotations.get(id(self))
+        if len(cache) and previous is not None and not _same_frequencies(previous, current):
+            cache.keys = rerotate_keys(
+                cache.keys, cache.positions, old=previous, new=current, interleaved=self.interleaved
+            )
+        cache.rotations[id(self)] = current
 
     def _set_length(self, length: int) -> FrequencyChange | None:
         with self._lock:
@@ -305,3 +331,7 @@ def _length_of(q_pos: Tensor, k_pos: Tensor) -> int:
     """``max(position) + 1`` over queries and keys (floor for float positions)."""
     highs = [float(p.max()) for p in (q_pos, k_pos) if p.numel()]
     return max(math.floor(max(highs)) + 1, 0) if highs else 0
+
+
+def _same_frequencies(a: Frequencies, b: Frequencies) -> bool:
+    return a[1] == b[1] and torch.equal(a[0], b[0])
