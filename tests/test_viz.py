@@ -67,7 +67,11 @@ def test_absolute_panel_from_tensor_and_lab_checkpoint(tmp_path, monkeypatch):
     torch.save(model.state_dict(), tmp_path / "model.pt")  # the table sits under 3 keys
     table = viz.load_table(tmp_path / "model.pt")
     np.testing.assert_array_equal(table, enc.weight.detach().double().numpy())
-    assert viz.absolute_panel(enc.weight.detach()).get_suptitle().startswith("table (12, 16)")
+    assert (
+        viz.absolute_panel(enc.weight.detach())
+        .get_suptitle()
+        .startswith("table: 12 positions x 16")
+    )
     monkeypatch.setattr("posenc.viz.gallery.GALLERY", {})  # only the trained table
     options = FigureOptions(table=str(tmp_path / "model.pt"))
     paths = write_gallery(tmp_path, options, dpi=DPI)

@@ -10,10 +10,14 @@ from posenc.viz.gallery import GALLERY, FigureOptions, make_figure, write_galler
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
+    figures = "\n".join(f"  {item.name:<14} {item.caption}" for item in GALLERY.values())
     p = sub.add_parser(
         "show",
         help="draw a figure (PNG or SVG)",
-        description=f"Draw a figure: one of {', '.join(GALLERY)}, or an encoding's name.",
+        description="Draw a figure by name, or an encoding's own figure (its table, its bias "
+        "per head, or its attention maps) by the encoding's name.",
+        epilog=f"figures:\n{figures}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("what", nargs="?", help="a figure or an encoding (omit with --all)")
     p.add_argument("--all", action="store_true", help="write every figure into --out (a folder)")

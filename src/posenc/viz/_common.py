@@ -129,12 +129,12 @@ def absolute_table(
         FileNotFoundError: a path that does not exist.
     """
     if isinstance(source, (Tensor, np.ndarray)):
-        return _as_table(source, "table"), f"table {tuple(source.shape)}"
+        return _as_table(source, "table"), "table"
     if not (isinstance(source, str) and source in available()):
         if isinstance(source, str) and not Path(source).suffix:  # a bare unknown name
             encodings_at(Site.INPUT, [source])
         table = load_table(source, key=key)
-        return table, f"{Path(source).name} {tuple(table.shape)}"
+        return table, Path(source).name
     encodings_at(Site.INPUT, [source])
     length = check_int("length", length)
     enc = build_encoding(source, d_model=d_model, max_len=length)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from posenc._checks import check_int
 from posenc.base import Site, available, info
 from posenc.viz import absolute, biases, diagrams, rotary
 from posenc.viz._common import save_figure
@@ -40,6 +41,11 @@ class FigureOptions:
     length: int | None = None
     heads: int | None = None
     table: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("dim", "length", "heads"):
+            if getattr(self, name) is not None:
+                check_int(name, getattr(self, name))
 
     def kw(self, **names: str) -> dict[str, int]:
         """Keyword arguments ``{figure_arg: value}`` for the options that are set."""
