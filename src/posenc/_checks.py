@@ -67,6 +67,20 @@ def check_tensor(name: str, x: object, *, ndim: int | tuple[int, ...] | None = N
     return x
 
 
+def check_positions(positions: object, name: str = "positions") -> Tensor:
+    """Check ``positions`` is a tensor of integer or float32/float64 values (any shape)."""
+    if not isinstance(positions, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(positions).__name__}")
+    if positions.is_complex() or positions.dtype == torch.bool:
+        raise TypeError(f"{name} must hold integer or real values, got dtype {positions.dtype}")
+    if positions.dtype in (torch.float16, torch.bfloat16):
+        raise TypeError(
+            f"{name} must not be {positions.dtype}: positions above 256 are not exact in it; "
+            "pass integer or float32/float64 positions"
+        )
+    return positions
+
+
 def resolve_positions(
     positions: Tensor | None,
     seq_len: int,
@@ -83,15 +97,7 @@ def resolve_positions(
     """
     if positions is None:
         return torch.arange(seq_len, device=device)
-    if not isinstance(positions, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(positions).__name__}")
-    if positions.is_complex() or positions.dtype == torch.bool:
-        raise TypeError(f"{name} must hold integer or real values, got dtype {positions.dtype}")
-    if positions.dtype in (torch.float16, torch.bfloat16):
-        raise TypeError(
-            f"{name} must not be {positions.dtype}: positions above 256 are not exact in it; "
-            "pass integer or float32/float64 positions"
-        )
+    check_positions(positions, name)
     if positions.dim() not in (1, 2) or positions.shape[-1] != seq_len:
         raise ValueError(
             f"{name} must have shape [T] or [B, T] with T = {seq_len}, "

@@ -13,7 +13,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from posenc._checks import check_even, check_int, check_tensor, resolve_positions
+from posenc._checks import (
+    check_even,
+    check_int,
+    check_positions,
+    check_tensor,
+    resolve_positions,
+)
 from posenc.encodings.rope_apply import apply_rope
 
 __all__ = [
@@ -54,12 +60,7 @@ def rope_cos_sin(
     Raises:
         TypeError: non-tensor or half-precision / bool / complex positions.
     """
-    if not isinstance(positions, Tensor):
-        raise TypeError(f"positions must be a torch.Tensor, got {type(positions).__name__}")
-    if positions.dtype in (torch.float16, torch.bfloat16, torch.bool) or positions.is_complex():
-        raise TypeError(
-            f"positions must be integer or float32/float64, got dtype {positions.dtype}"
-        )
+    check_positions(positions)
     angle_dtype = _angle_dtype(positions.device)
     freqs = inv_freq.to(device=positions.device, dtype=angle_dtype)
     angles = positions.to(angle_dtype).unsqueeze(-1) * freqs  # [..., R/2]

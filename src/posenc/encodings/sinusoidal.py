@@ -22,6 +22,7 @@ from posenc._checks import (
     check_even,
     check_float,
     check_int,
+    check_positions,
     check_probability,
     check_tensor,
     resolve_positions,
@@ -41,6 +42,7 @@ def sinusoidal_table(
 
     Returns ``[..., C]`` in ``dtype``; angles are computed in float64 and rounded once.
     """
+    positions = check_positions(positions)
     d_model = check_even("d_model", d_model)
     base = check_float("base", base, positive=True)
     exponent = torch.arange(0, d_model, 2, dtype=torch.float64, device=positions.device)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from posenc._checks import check_even, check_float
+from posenc._checks import check_even, check_float, check_positions
 from posenc.base import register
 from posenc.encodings.rope import RotaryEmbedding
 from posenc.encodings.rope_scaling import DEFAULT_BASE
@@ -36,6 +36,7 @@ def xpos_scale(positions: Tensor, rotary_dim: int, *, scale_base: float = 512.0)
     Raises:
         ValueError: odd ``rotary_dim``, non-positive ``scale_base``.
     """
+    positions = check_positions(positions)
     rotary_dim = check_even("rotary_dim", rotary_dim)
     scale_base = check_float("scale_base", scale_base, positive=True)
     pair = torch.arange(rotary_dim // 2, dtype=torch.float64, device=positions.device)
