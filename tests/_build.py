@@ -1,0 +1,54 @@
+"""Shared by the hardening tests: small registered encodings and a driver of their hooks.
+
+Shapes: ``B`` batch, ``H`` heads, ``T`` length, ``D`` head_dim, ``C`` d_model.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+import posenc
+from posenc import PositionalEncoding, Site
+
+B, H, D = 2, 4, 8
+C = H * D
+
+
+def build_encoding(name: str, *, seed: int = 0, max_len: int = 16) -> PositionalEncoding:
+    """``posenc.build(name)`` for the shapes above, learned parameters moved off their init.
+
+    CoPE's table starts at zero, which would hide its content dependence; every parameter
+    gets a small seeded perturbation so that each encoding's output depends on all of them.
+    """
+    torch.manual_seed(seed)
+    enc = posenc.build(name, d_model=C, num_heads=H, head_dim=D, max_len=max_len, causal=True)
+    with torch.no_grad():
+        for p in enc.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    return enc
+
+
+def apply_hooks(
+    enc: PositionalEncoding, x: Tensor, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor
+) -> dict[str, Tensor]:
+    """Every hook of ``enc``'s sites on ``x [B, Tq, C]``, ``q [B, H, Tq, D]``, ``k [B, H, Tk, D]``.
+
+    Returns:
+        ``{"embed": ...}`` (INPUT, on ``x`` at ``q_pos``), ``{"q": ..., "k": ...}`` (QK),
+        ``{"bias": ...}`` (SCORE), ``{"value": ...}`` (VALUE, on the causal softmax of
+        ``q k^T``, so that a prefix of the queries and keys gives a prefix of the rows).
+    """
+    out: dict[str, Tensor] = {}
+    if enc.sites & Site.INPUT:
+        out["embed"] = enc.embed(x, q_pos)
+    if enc.sites & Site.QK:
+        out["q"], out["k"] = enc.rotate(q, k, q_pos, k_pos)
+    if enc.sites & Site.SCORE:
+        out["bias"] = enc.score_bias(q, k, q_pos, k_pos)
+    if enc.sites & Site.VALUE:
+        hidden = k_pos[..., None, :] > q_pos[..., :, None]  # [Tq, Tk] | [B, Tq, Tk]
+        scores = (q @ k.transpose(-2, -1)).masked_fill(hidden.unsqueeze(-3), -torch.inf)
+        probs = torch.softmax(scores, dim=-1)  # [B, H, Tq, Tk]
+        out["value"] = enc.value_term(probs, q_pos, k_pos)
+    return out
