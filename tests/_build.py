@@ -14,6 +14,18 @@ from posenc import PositionalEncoding, Site
 B, H, D = 2, 4, 8
 C = H * D
 
+#: One RoPE scaling of every type, for a short original length (8) so that tests reach
+#: beyond it.
+SCALINGS = {
+    "default": posenc.DefaultRope(),
+    "linear": posenc.LinearScaling(2.0),
+    "ntk": posenc.NTKScaling(2.0),
+    "dynamic": posenc.DynamicNTKScaling(2.0, 8),
+    "yarn": posenc.YarnScaling(4.0, 8),
+    "llama3": posenc.Llama3Scaling(8.0, 1.0, 4.0, 8),
+    "longrope": posenc.LongRopeScaling((1.0, 1.5, 2.0, 3.0), (2.0, 3.0, 4.0, 6.0), 8, 4.0),
+}
+
 
 def build_encoding(name: str, *, seed: int = 0, max_len: int = 16) -> PositionalEncoding:
     """``posenc.build(name)`` for the shapes above, learned parameters moved off their init.
@@ -27,6 +39,15 @@ def build_encoding(name: str, *, seed: int = 0, max_len: int = 16) -> Positional
         for p in enc.parameters():
             p.add_(0.1 * torch.randn_like(p))
     return enc
+
+
+def make_inputs(length: int, *, seed: int = 1, dtype: torch.dtype = torch.float32):
+    """Seeded ``x [B, T, C]``, ``q [B, H, T, D]``, ``k [B, H, T, D]`` and ``arange(T)``."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, length, C, generator=g).to(dtype)
+    q = torch.randn(B, H, length, D, generator=g).to(dtype)
+    k = torch.randn(B, H, length, D, generator=g).to(dtype)
+    return x, q, k, torch.arange(length)
 
 
 def apply_hooks(

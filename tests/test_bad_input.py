@@ -26,7 +26,7 @@ from torch import nn
 
 import posenc
 import posenc.analysis as analysis
-from _build import B, C, D, H, apply_hooks, build_encoding
+from _build import B, C, D, H, apply_hooks, build_encoding, make_inputs
 from conftest import tolerances
 from posenc import cli, reference
 from posenc.encodings import (
@@ -263,14 +263,6 @@ def test_bad_input_raises_naming_the_value(fn, args, kwargs, error, fragment):
 NAMES = posenc.available()
 
 
-def _inputs(length: int, seed: int = 1):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(B, length, C, generator=g)
-    q = torch.randn(B, H, length, D, generator=g)
-    k = torch.randn(B, H, length, D, generator=g)
-    return x, q, k, torch.arange(length)
-
-
 def _attention(enc) -> posenc.MultiHeadAttention:
     torch.manual_seed(0)
     return posenc.MultiHeadAttention(C, H, position=enc)
@@ -281,7 +273,7 @@ def test_empty_and_one_token_sequences(name):
     """T = 0 gives empty outputs of the documented shapes; T = 1 is row 0 of a longer run."""
     enc = build_encoding(name)
     mha = _attention(enc)
-    x, q, k, pos = _inputs(T)
+    x, q, k, pos = make_inputs(T)
     full, full_attn = apply_hooks(enc, x, q, k, pos, pos), mha(x)
     tol = tolerances(torch.float32)
     for length in (0, 1):
@@ -317,7 +309,7 @@ def test_strided_views_give_the_contiguous_result(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_integer_inputs_raise(name):
     enc = build_encoding(name)
-    x, q, k, pos = _inputs(T)
+    x, q, k, pos = make_inputs(T)
     if enc.sites:
         with pytest.raises(TypeError, match="int64"):
             apply_hooks(enc, x.long(), q.long(), k.long(), pos, pos)
@@ -327,8 +319,8 @@ def test_integer_inputs_raise(name):
 
 def _reads_q(enc, pos) -> bool:
     """Whether the encoding's score bias depends on the query content (Shaw, CoPE)."""
-    _, q1, k1, _ = _inputs(T, seed=3)
-    _, q2, _, _ = _inputs(T, seed=4)
+    _, q1, k1, _ = make_inputs(T, seed=3)
+    _, q2, _, _ = make_inputs(T, seed=4)
     return not torch.equal(enc.score_bias(q1, k1, pos, pos), enc.score_bias(q2, k1, pos, pos))
 
 
@@ -337,7 +329,7 @@ def _reads_q(enc, pos) -> bool:
 def test_nan_and_inf_propagate_to_the_outputs_that_read_them(name, bad):
     """A bad value reaches exactly the outputs computed from it; the rest is unchanged."""
     enc = build_encoding(name)
-    x, q, k, pos = _inputs(T)
+    x, q, k, pos = make_inputs(T)
     b, h, t, f = 1, 2, 3, 4
     xb, qb = x.clone(), q.clone()
     xb[b, t, f], qb[b, h, t, f] = bad, bad
@@ -372,7 +364,7 @@ def test_negative_positions(name):
     all positions below zero; the sinusoidal table follows its formula at ``p < 0``.
     """
     enc = build_encoding(name)
-    x, q, k, pos = _inputs(T)
+    x, q, k, pos = make_inputs(T)
     shift = 100
     if name == "learned":
         with pytest.raises(ValueError, match=f"-{shift}"):
