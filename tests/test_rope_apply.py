@@ -141,6 +141,19 @@ def test_gradcheck_x_cos_sin(gen, interleaved):
     )
 
 
+def test_inplace_on_a_projection_view_backpropagates(gen):
+    """apply_rope_ on q viewed out of a projection output: same gradients as apply_rope."""
+    weight = torch.randn(D, H * D, generator=gen, dtype=torch.float64, requires_grad=True)
+    inputs = torch.randn(B, T, D, generator=gen, dtype=torch.float64)
+    cos, sin = _tables(gen, D, "BT")
+    grads = []
+    for rotate in (apply_rope, apply_rope_):
+        q = (inputs @ weight).view(B, T, H, D).transpose(1, 2)  # [B, H, T, D] view
+        (g,) = torch.autograd.grad(rotate(q, cos, sin).square().sum(), weight)
+        grads.append(g)
+    torch.testing.assert_close(grads[1], grads[0], **tolerances(torch.float64))
+
+
 def test_inplace_on_a_view_updates_its_base(gen):
     base = torch.randn(B, T, H, D, generator=gen)
     q = base.transpose(1, 2)

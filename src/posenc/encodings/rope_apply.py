@@ -19,9 +19,12 @@ Speed: the rotation is pure memory traffic, so the kernels here write every part
 result into the output (``out=``) and never allocate a full-size temporary. Interleaved
 float32/float64 pairs are one complex multiply (``x`` viewed as complex); the other
 cases run a few passes per cache-sized chunk of positions (``posenc.fastpath.chunks``),
-so main memory is read and written once. Half-precision inputs are rotated in float32
-(cast once per chunk) and rounded once. The backward pass is the rotation by
-``-theta`` (``apply`` with ``-sin``), through the same kernels.
+so main memory is read and written once. Precision: half-split pairs are computed in
+``x``'s dtype (``cos``/``sin`` cast to it once; in float16/bfloat16 each output is
+rounded twice, within a few units in the last place of the float64 result);
+interleaved float16/bfloat16 pairs go through float32 and are rounded once. The
+backward pass is the rotation by ``-theta`` (``apply`` with ``-sin``), through the same
+kernels.
 """
 
 from __future__ import annotations
@@ -88,19 +91,54 @@ def _tables(cos: Tensor, sin: Tensor, dtype: torch.dtype, inverse: bool) -> tupl
     return cos, (-sin if inverse else sin)
 
 
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return dtype if dtype in _COMPLEX else torch.float32
+def _compute_dtype(dtype: torch.dtype, interleaved: bool) -> torch.dtype:
+    """Interleaved half precision goes through float32 complex numbers; all else stays."""
+    return torch.float32 if interleaved and dtype not in _COMPLEX else dtype
 
 
-def _rotate_pairs(out: Tensor, x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> None:
-    """``out[..., :R] = rotate(x[..., :R])`` for non-aliasing ``out``, by four ``out=`` passes."""
-    rotary_dim = 2 * cos.shape[-1]
-    a, b = _pairs(x, rotary_dim, interleaved)
-    out_a, out_b = _pairs(out, rotary_dim, interleaved)
-    torch.mul(a, cos, out=out_a)
-    out_a.addcmul_(b, sin, value=-1.0)
-    torch.mul(b, cos, out=out_b)
-    out_b.addcmul_(a, sin)
+def _half_split(out: Tensor, x: Tensor, cos2: Tensor, cos: Tensor, sin: Tensor) -> None:
+    """``out = rotate(x)`` on ``[..., R]`` half-split pairs in three passes (``out`` is not ``x``).
+
+    ``cos2 = [cos, cos]`` turns the first pass into one multiply over whole rows; the two
+    ``addcmul`` passes add ``-b sin`` to the first half and ``a sin`` to the second.
+    """
+    half = x.shape[-1] // 2
+    torch.mul(x, cos2, out=out)
+    out[..., :half].addcmul_(x[..., half:], sin, value=-1.0)
+    out[..., half:].addcmul_(x[..., :half], sin)
+
+
+def _rotate_chunked(out: Tensor, x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> None:
+    """Rotate ``x[..., :R]`` into ``out[..., :R]`` in cache-sized chunks of positions.
+
+    Each chunk is read from memory once and its passes then hit the cache. A chunk is
+    first copied into a contiguous buffer of the compute dtype when the rotation is in
+    place (the passes need the unrotated values) and for interleaved pairs that cannot
+    be viewed as complex numbers where they lie (half precision, odd strides), which
+    are multiplied as complex numbers in the buffer and copied (rounded) out.
+    """
+    batch, heads, length, _ = x.shape
+    rotary_dim, compute = 2 * cos.shape[-1], cos.dtype
+    staged = out is x or interleaved
+    per_position = batch * heads * rotary_dim * (x.element_size() + compute.itemsize)
+    spans = chunks(length, per_position)
+    size = batch * heads * spans[0].stop * rotary_dim
+    work = x.new_empty(size, dtype=compute) if staged else None
+    if interleaved:
+        freqs = torch.complex(cos, sin)  # [..., T, R/2]
+    else:
+        cos2 = torch.cat((cos, cos), dim=-1)  # [..., T, R]
+    for span in spans:
+        shape = (batch, heads, span.stop - span.start, rotary_dim)
+        numel = shape[0] * shape[1] * shape[2] * shape[3]
+        src, dst = x[..., span, :rotary_dim], out[..., span, :rotary_dim]
+        if work is not None:
+            src = work[:numel].view(shape).copy_(src)
+        if interleaved:
+            torch.view_as_complex(src.unflatten(-1, (rotary_dim // 2, 2))).mul_(freqs[..., span, :])
+            dst.copy_(src)
+        else:
+            _half_split(dst, src, cos2[..., span, :], cos[..., span, :], sin[..., span, :])
 
 
 def _rotate_into(
@@ -108,42 +146,16 @@ def _rotate_into(
 ) -> None:
     """Write the rotated ``x`` into ``out`` (``out is x``: in place)."""
     rotary_dim = 2 * cos.shape[-1]
-    inplace = out is x
     if x.numel() == 0:
         return
-    if not inplace and rotary_dim < x.shape[-1]:
+    if out is not x and rotary_dim < x.shape[-1]:
         out[..., rotary_dim:].copy_(x[..., rotary_dim:])  # pass-through features
-    compute = _compute_dtype(x.dtype)
-    cos, sin = _tables(cos, sin, compute, inverse)
+    cos, sin = _tables(cos, sin, _compute_dtype(x.dtype, interleaved), inverse)
     x_c, out_c = _complex_view(x, rotary_dim), _complex_view(out, rotary_dim)
     if interleaved and x_c is not None and out_c is not None:
         torch.mul(x_c, torch.complex(cos, sin), out=out_c)  # one pass: read x, write out
-        return
-    # Several passes: run them per chunk of positions so that they stay in the cache.
-    # Half precision is rotated in float32 chunk buffers and rounded once; an in-place
-    # rotation also goes through a buffer (its passes need the unrotated values).
-    direct = x.dtype == compute and not inplace
-    step = x.shape[0] * x.shape[1] * rotary_dim * (x.element_size() if direct else 8)
-    spans = chunks(x.shape[-2], step)
-    shape = (*x.shape[:2], spans[0].stop, rotary_dim)
-    x_buf = None if direct else x.new_empty(shape, dtype=compute)
-    out_buf = None if compute == x.dtype else x.new_empty(shape, dtype=compute)
-    for span in spans:
-        xs, os, cs, ss = x[..., span, :], out[..., span, :], cos[..., span, :], sin[..., span, :]
-        if x_buf is None:
-            _rotate_pairs(os, xs, cs, ss, interleaved)
-            continue
-        n = span.stop - span.start
-        x_f = x_buf[..., :n, :].copy_(xs[..., :rotary_dim])
-        if interleaved and compute in _COMPLEX:
-            x_c = torch.view_as_complex(x_f.unflatten(-1, (rotary_dim // 2, 2)))
-            x_c.mul_(torch.complex(cs, ss))
-            os[..., :rotary_dim].copy_(x_f)
-        elif out_buf is None:
-            _rotate_pairs(os, x_f, cs, ss, interleaved)
-        else:
-            _rotate_pairs(out_buf[..., :n, :], x_f, cs, ss, interleaved)
-            os[..., :rotary_dim].copy_(out_buf[..., :n, :])
+    else:
+        _rotate_chunked(out, x, cos, sin, interleaved)
 
 
 class _Rope(torch.autograd.Function):
@@ -197,10 +209,11 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = False
         interleaved: pair layout, ``(x[2i], x[2i+1])`` instead of ``(x[i], x[i+R/2])``.
 
     Returns:
-        A new tensor of ``x``'s shape and dtype; ``x`` is not modified. Float32/float64
-        inputs are rotated in their dtype (``cos``/``sin`` cast to it); float16/bfloat16
-        in float32, rounded once. Differentiable in ``x`` (backward: the inverse
-        rotation), and in ``cos``/``sin`` when they require grad.
+        A new tensor of ``x``'s shape and dtype (and strides, when ``x`` is dense);
+        ``x`` is not modified. Computed in ``x``'s dtype with ``cos``/``sin`` cast to it,
+        except interleaved float16/bfloat16 pairs (float32, rounded once).
+        Differentiable in ``x`` (backward: the inverse rotation), and in ``cos``/``sin``
+        when they require grad.
 
     Raises:
         ValueError: mismatched shapes or devices, or ``R > D``.
