@@ -1,0 +1,17 @@
+"""Run every benchmark (RoPE, additive encodings, bias attention) on this machine.
+
+The same as ``posenc bench``; from a source checkout it also runs
+``benchmarks/bench_bias_attention.py``. Options: ``--quick``, ``--only rope|additive|bias``,
+``--threads N``, ``--repeats N``, ``--json PATH``.
+
+    python benchmarks/run_all.py --threads 2 --json bench.json
+"""
+
+from __future__ import annotations
+
+import sys
+
+from posenc.cli import main
+
+if __name__ == "__main__":
+    raise SystemExit(main(["bench", *sys.argv[1:]]))
