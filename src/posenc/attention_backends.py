@@ -181,7 +181,8 @@ def _block(
         _check_term("score_bias", bias, (q.shape[0], q.shape[1], q.shape[2], k.shape[2]), position)
         bias = bias.to(q.dtype)
     is_causal = use_sdpa and masking.causal and masking.aligned and bias is None
-    is_causal = is_causal and q.shape[-2] == num_keys
+    if is_causal and q.shape[-2] != num_keys:  # a branch, not a SymBool, under compile
+        is_causal = False
     needs_mask = not is_causal and first < num_keys  # else every key is visible
     mask = masking.block(start, stop, slice(first, num_keys)) if needs_mask else None
     keep_row = None

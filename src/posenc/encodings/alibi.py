@@ -23,8 +23,6 @@ their (positive) bias unused; use ``causal=False`` without one.
 
 from __future__ import annotations
 
-import threading
-
 import torch
 from torch import Tensor
 
@@ -40,9 +38,6 @@ from posenc.encodings._relative import (
 )
 
 __all__ = ["ALiBi", "alibi_bias", "alibi_slopes"]
-
-#: Guards the slope cache; module-level so that instances stay picklable and deep-copyable.
-_LOCK = threading.Lock()
 
 
 def alibi_slopes(num_heads: int, *, dtype: torch.dtype = torch.float32) -> Tensor:
@@ -131,13 +126,15 @@ class ALiBi(PositionalEncoding):
         self._slopes: dict[torch.device, Tensor] = {}
 
     def slopes(self, device: torch.device | str | None = None) -> Tensor:
-        """The float64 slopes ``[H]`` on ``device`` (cached; not a buffer)."""
+        """The float64 slopes ``[H]`` on ``device`` (cached; not a buffer).
+
+        No lock: two threads that miss the cache at once compute the same slopes, and the
+        dict assignment is atomic (a lock would also stop ``torch.compile`` here)."""
         device = torch.device(device or "cpu")
         cached = self._slopes.get(device)
         if cached is None:
-            with _LOCK:
-                cached = alibi_slopes(self.num_heads, dtype=torch.float64).to(device)
-                self._slopes[device] = cached
+            cached = alibi_slopes(self.num_heads, dtype=torch.float64).to(device)
+            self._slopes[device] = cached
         return cached
 
     def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:

@@ -219,14 +219,16 @@ class RotaryEmbedding(PositionalEncoding):
         """``(cos, sin)`` ``[..., R/2]`` for ``positions`` under the current frequencies.
 
         Float32 (float64 when ``dtype`` is float64); integer positions >= 0 come from the
-        cache, others are computed directly.
+        cache, others (and every position under ``torch.compile``, where reading the
+        largest position would break the graph) are computed directly.
         """
         return self._cos_sin(self._state, positions, table_dtype(dtype))
 
     def _cos_sin(
         self, state: _State, positions: Tensor, dtype: torch.dtype
     ) -> tuple[Tensor, Tensor]:
-        if positions.is_floating_point() or positions.numel() == 0:
+        direct = positions.is_floating_point() or torch.compiler.is_compiling()  # no host sync
+        if direct or positions.numel() == 0:
             return rope_cos_sin(positions, state.inv_freq, attention_scale=state.scale, dtype=dtype)
         low, high = (int(v) for v in positions.aminmax())
         if low < 0:
