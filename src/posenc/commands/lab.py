@@ -26,6 +26,8 @@ def _ints(text: str) -> list[int]:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
+    from posenc.lab.config import LabConfig, quick_defaults
+
     p = sub.add_parser(
         "lab",
         help="train tiny LMs per encoding on short windows, evaluate on longer ones",
@@ -57,16 +59,24 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="evaluation lengths >= --train-len (default: 1, 2, 4, 8, 16 x train "
         "length; tasks: 1-4 x)",
     )
-    p.add_argument("--steps", type=int, help="training steps per model")
-    p.add_argument("--batch-size", type=int, help="windows per step (global)")
-    p.add_argument("--lr", type=float, help="peak learning rate")
-    p.add_argument("--warmup", type=int, help="warmup steps")
-    p.add_argument("--d-model", type=int, help="model width")
-    p.add_argument("--layers", type=int, dest="num_layers", help="transformer blocks")
-    p.add_argument("--heads", type=int, dest="num_heads", help="attention heads")
-    p.add_argument("--eval-tokens", type=int, help="text tokens scored per evaluation length")
-    p.add_argument("--eval-examples", type=int, help="task examples per evaluation length")
-    p.add_argument("--finetune-steps", type=int, help="fine-tune steps at the longest length")
+    numbers = [
+        ("--steps", "steps", int, "training steps per model"),
+        ("--batch-size", "batch_size", int, "windows per step (global)"),
+        ("--lr", "lr", float, "peak learning rate"),
+        ("--warmup", "warmup", int, "warmup steps"),
+        ("--d-model", "d_model", int, "model width"),
+        ("--layers", "num_layers", int, "transformer blocks"),
+        ("--heads", "num_heads", int, "attention heads"),
+        ("--eval-tokens", "eval_tokens", int, "text tokens scored per evaluation length"),
+        ("--eval-examples", "eval_examples", int, "task examples per evaluation length"),
+        ("--finetune-steps", "finetune_steps", int, "fine-tune steps at the longest length"),
+    ]
+    quick = quick_defaults("lm")
+    for flag, key, kind, text in numbers:
+        default = f"default {getattr(LabConfig, key)}"
+        if key in quick:
+            default += f", --quick {quick[key]}"
+        p.add_argument(flag, dest=key, type=kind, metavar="N", help=f"{text} ({default})")
     p.add_argument(
         "--learned-beyond",
         choices=("error", "interpolate"),
@@ -79,10 +89,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="rotary scalings evaluated at longer lengths (default: linear ntk "
         "dynamic yarn; none: give the option without names)",
     )
-    p.add_argument("--seed", type=int, help="seed (default 0)")
+    p.add_argument("--seed", type=int, metavar="N", help="seed (default 0)")
     p.add_argument("--quick", action="store_true", help="tiny settings, under a minute")
     p.add_argument("--out", metavar="DIR", help="output folder (default runs/lab-<timestamp>)")
-    p.add_argument("--threads", type=int, help="torch threads per process")
+    p.add_argument(
+        "--threads",
+        type=int,
+        metavar="N",
+        help="torch threads per process (default: cores / processes)",
+    )
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     p.set_defaults(func=run)

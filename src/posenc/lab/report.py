@@ -67,7 +67,8 @@ def markdown(results: dict) -> str:
     lines = [
         "# posenc lab",
         "",
-        f"Task: {config['task']}. Metric: {_METRIC_TITLE[results['metric']]}.",
+        f"Task: {'text' if config['task'] == 'lm' else config['task']}. "
+        f"Metric: {_METRIC_TITLE[results['metric']]}.",
         f"Each model: {config['num_layers']} layers, d_model {config['d_model']}, "
         f"{config['num_heads']} heads, {config['steps']} steps of {config['batch_size']} "
         f"windows of {config['train_len']} tokens (seed {config['seed']}).",
@@ -149,7 +150,8 @@ def plot(results: dict, out: Path) -> Path:
         ax.set_ylim(-0.02, 1.02)
         ax.set_ylabel("exact-match accuracy")
     ax.set_xlabel("evaluation length (tokens)")
-    ax.set_title(f"posenc lab: {config['task']}, trained at length {config['train_len']}")
+    what = "held-out text" if config["task"] == "lm" else f"task {config['task']}"
+    ax.set_title(f"posenc lab: {what}, trained at length {config['train_len']}")
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     ax.grid(True, which="both", alpha=0.3)
     path = out / plot_name(results)
