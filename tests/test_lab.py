@@ -107,6 +107,27 @@ def test_learned_is_na_beyond_its_table_unless_interpolated(tmp_path):
     assert "| learned | " in (tmp_path / "report.md").read_text()
 
 
+def test_finetune_rows_at_the_longest_length(tmp_path):
+    options = ["--encodings", "rope,learned", "--finetune-steps", "2", "--scalings", "yarn"]
+    assert lab(tmp_path, *options) == 0
+    rows = {row["label"]: row for run in results(tmp_path)["runs"] for row in run["rows"]}
+    assert list(rows) == [
+        "rope",
+        "rope +yarn",
+        "rope +ft",
+        "rope +yarn +ft",
+        "learned",
+        "learned +ft",
+    ]
+    for label in ("rope +ft", "rope +yarn +ft"):
+        assert all(value is not None for value in rows[label]["results"].values())
+        assert rows[label]["results"]["128"] != rows["rope"]["results"]["128"]
+    assert all(value is None for value in rows["learned +ft"]["results"].values())
+    assert "fine-tuning failed" in rows["learned +ft"]["notes"]["32"]
+    assert lab(tmp_path / "none", "--encodings", "rope", "--scalings") == 0
+    assert [row["label"] for row in results(tmp_path / "none")["runs"][0]["rows"]] == ["rope"]
+
+
 def test_resume_skips_finished_runs_and_refuses_another_config(tmp_path, capsys):
     assert lab(tmp_path, "--encodings", "nope") == 0
     before = (tmp_path / "runs" / "nope.json").read_text()
