@@ -1,0 +1,107 @@
+"""``torch.compile(fullgraph=True)`` and ``torch.export`` of ``MultiHeadAttention``.
+
+Shapes: ``B`` batch, ``T`` length, ``C`` d_model.
+
+* Every registered encoding is captured whole (``fullgraph=True``: a graph break is an
+  error) and the captured graph matches eager exactly; three more lengths after the
+  first add at most one graph (the dynamic-shape one), not one per length.
+* Inductor: ALiBi and RoPE in the default run (compiling is slow on a small CPU), every
+  other encoding under ``-m slow``; results match eager to float32 tolerance.
+* ``torch.export`` of an inference layer with a dynamic length: ALiBi (``backend="sdpa"``
+  for any length; the chunked backend's loop over query blocks specializes the length
+  to at most ``block_size``) and RoPE.
+
+Expected failures (strict): RoPE and xPos, whose rotation (``posenc.apply_rope``) goes
+through the memory-traffic fast path: ``fastpath.empty_like`` calls ``madvise`` through
+ctypes and ``_complex_view`` reads ``storage_offset()``/strides, neither of which Dynamo
+can trace; export additionally specializes the length through the chunk sizes. With a
+plain rotation in its place the rest of RoPE captures and exports (checked by hand).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._dynamo.testing import CompileCounter
+from torch._dynamo.utils import counters
+
+import posenc
+from _build import B, C, H, build_encoding
+from conftest import tolerances
+
+LENGTHS = (5, 7, 9, 12)
+ROTARY_FAST_PATH = pytest.mark.xfail(
+    strict=True,
+    reason="apply_rope's fast path (fastpath.empty_like's ctypes madvise, storage_offset "
+    "checks) cannot be traced by Dynamo",
+)
+
+
+def _layer(name: str, **kwargs) -> posenc.MultiHeadAttention:
+    enc = build_encoding(name, max_len=64)
+    torch.manual_seed(0)
+    return posenc.MultiHeadAttention(C, H, position=enc, **kwargs).eval()
+
+
+def _inputs(length: int) -> torch.Tensor:
+    return torch.randn(B, length, C, generator=torch.Generator().manual_seed(length))
+
+
+def _param(name: str, *marks):
+    rotary = name in ("rope", "xpos")
+    return pytest.param(name, marks=(ROTARY_FAST_PATH, *marks) if rotary else marks, id=name)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("name", [_param(n) for n in posenc.available()])
+@torch.no_grad()
+def test_fullgraph_capture_matches_eager_without_recompiling_per_length(name):
+    layer = _layer(name)
+    counter = CompileCounter()  # runs the captured graph as it is: exact comparison
+    compiled = torch.compile(layer, backend=counter, fullgraph=True)
+    for length in LENGTHS:
+        x = _inputs(length)
+        torch.testing.assert_close(compiled(x), layer(x), rtol=0, atol=0)
+    assert counter.frame_count <= 2, f"{counter.frame_count} graphs for {len(LENGTHS)} lengths"
+
+
+INDUCTOR = [_param("alibi"), _param("rope")] + [
+    _param(n, pytest.mark.slow) for n in posenc.available() if n not in ("alibi", "rope")
+]
+
+
+@pytest.mark.parametrize("name", INDUCTOR)
+@torch.no_grad()
+def test_inductor_matches_eager(name):
+    layer = _layer(name)
+    compiled = torch.compile(layer, fullgraph=True)
+    for length in LENGTHS[:3]:
+        x = _inputs(length)
+        torch.testing.assert_close(compiled(x), layer(x), **tolerances(torch.float32, ops=64))
+    assert counters["stats"]["unique_graphs"] <= 2
+
+
+@pytest.mark.parametrize(
+    ("name", "backend", "longest"),
+    [
+        pytest.param("alibi", "sdpa", 4096, id="alibi-sdpa"),
+        pytest.param("alibi", "auto", posenc.MultiHeadAttention(C, H).block_size, id="alibi"),
+        pytest.param("rope", "auto", 4096, id="rope", marks=ROTARY_FAST_PATH),
+    ],
+)
+@torch.no_grad()
+def test_export_with_a_dynamic_length(name, backend, longest):
+    layer = _layer(name, backend=backend)
+    length = torch.export.Dim("T", min=2, max=longest)
+    program = torch.export.export(layer, (_inputs(9),), dynamic_shapes=({1: length},))
+    exported = program.module()
+    for n in (5, 9, 33):
+        x = _inputs(n)
+        torch.testing.assert_close(exported(x), layer(x), **tolerances(torch.float32, ops=64))
