@@ -19,6 +19,9 @@ values of size ``m * T`` whose bf16 rounding erases the one-step differences bet
 neighbouring keys at long lengths, while here the bias near the diagonal stays small and
 exact. Under a causal mask the keys after the query are masked, so ``causal=True`` leaves
 their (positive) bias unused; use ``causal=False`` without one.
+
+Negative positions: allowed; the bias depends on ``q_pos - k_pos`` only, so positions
+shifted below zero give the same bias.
 """
 
 from __future__ import annotations

@@ -22,6 +22,9 @@ one-token decoding against a KV cache give the rows of the full bias; the sum ru
 the key axis in storage order, which must be non-decreasing in position (as in a cache).
 Gates and positions are computed in float32 (float64 for float64 inputs). CoPE is only
 defined under a causal mask (``causal_only``).
+
+Negative positions: allowed; positions only decide which keys are visible
+(``k_pos <= q_pos``).
 """
 
 from __future__ import annotations

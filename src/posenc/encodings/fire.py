@@ -15,6 +15,9 @@ interpolation), so ``b`` is not shift invariant once ``i`` exceeds ``L``; below 
 depends on ``i - j`` only. A small ``eps`` is added to the normalizer (as in the
 paper's code). Keys after the query (reached only without a causal mask) use
 ``|i - j|``.
+
+Negative positions: allowed; ``psi(max(L, i))`` is ``psi(L)`` for every ``i <= L``, so
+there the bias depends on ``i - j`` only.
 """
 
 from __future__ import annotations

@@ -20,6 +20,9 @@ reparametrized onto the same ranges instead, smoothly and with a gradient everyw
 (a bare ``softplus`` underflows to exactly 0 in float32 after a large step). They start
 from the paper's uniform initialisation (log: ``r1 ~ U(0, 2)``, ``r2 ~ U(0, 1)``; power:
 ``r1 ~ U(0, 1)``, ``r2 ~ U(0, 2)``, each clamped to at least 0.01) unless given.
+
+Negative positions: allowed; the bias depends on ``q_pos - k_pos`` only, so positions
+shifted below zero give the same bias.
 """
 
 from __future__ import annotations

@@ -13,6 +13,9 @@ stretched to ``N`` rows by linear interpolation (``F.interpolate``, ``align_corn
 as in ViT/DeiT position-embedding resizing): position ``p`` then reads the trained table
 at the fractional row ``(p + 0.5) * max_len / N - 0.5`` (clamped to the table), so
 positions are rescaled relative to the longest one in the call, not extrapolated.
+
+Negative positions: rejected with a ``ValueError`` naming the position (the table has no
+row before 0).
 """
 
 from __future__ import annotations

@@ -20,7 +20,12 @@ when that length grows (never back, until ``reset_length()``); each change is re
 as a ``FrequencyChange`` to the hooks of ``register_frequency_hook`` *before* the new
 queries and keys are rotated, so a cache owner can ``rerotate_keys`` its cached keys
 instead of discarding them. ``observe_length(n)`` pins the length up front, so that
-decoding up to ``n`` tokens never changes the frequencies.
+decoding up to ``n`` tokens never changes the frequencies; under context parallelism every
+rank calls it with the full length, since a shard sees only its own positions.
+
+Negative positions: allowed; they rotate by negative angles (computed directly, not
+cached), and ``<R_m q, R_n k>`` still depends on ``m - n`` only, so shifting every
+position below zero leaves the scores unchanged.
 """
 
 from __future__ import annotations

@@ -19,6 +19,9 @@ effective ranges (this per-head compression follows NVIDIA NeMo's implementation
 Sandwich). ``d'`` (``dim``) is a hyperparameter independent of the model width (128 by
 default). The sum uses the half-angle form (no cancellation near the diagonal) with
 angles in float64, rounded once to the output dtype; there are no parameters.
+
+Negative positions: allowed; the bias depends on ``q_pos - k_pos`` only, so positions
+shifted below zero give the same bias.
 """
 
 from __future__ import annotations

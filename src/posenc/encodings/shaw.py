@@ -17,6 +17,9 @@ Neither term materializes ``[B, H, Tq, Tk, D]``: the score term computes ``q . w
 ``2K + 1`` distinct vectors (``[B, H, Tq, 2K + 1]``) and gathers it by clipped offset; the
 value term scatter-adds the probabilities into the ``2K + 1`` offset buckets (accumulated
 in float32) and multiplies by ``w^V``.
+
+Negative positions: allowed; the bias depends on ``q_pos - k_pos`` only, so positions
+shifted below zero give the same bias.
 """
 
 from __future__ import annotations

@@ -9,6 +9,9 @@ the formula (angles never in the input's dtype), cached per device in float32 (f
 for float64 inputs) and grown when a longer sequence arrives; it is not a buffer, so
 ``module.to(torch.bfloat16)`` cannot degrade it. The addition happens in the input's dtype
 with the table cast once.
+
+Negative positions: allowed; ``PE[p]`` follows the formula (a negative angle), computed
+directly instead of read from the cache.
 """
 
 from __future__ import annotations

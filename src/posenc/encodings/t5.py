@@ -20,6 +20,9 @@ transformers) so that buckets match pretrained checkpoints exactly.
 positions are consecutive (a Toeplitz matrix: bucket and gather a short vector, then
 expand), instead of bucketing a ``[Tq, Tk]`` matrix; other positions are bucketed
 elementwise. One instance can serve several layers (T5 shares it across the stack).
+
+Negative positions: allowed; the bias depends on ``q_pos - k_pos`` only, so positions
+shifted below zero give the same bias.
 """
 
 from __future__ import annotations

@@ -13,6 +13,8 @@ and applied by ``apply_rope``. The scales are computed in float64 and cast once;
 grow as ``zeta_0 ** (-n / scale_base)``, which stays finite in float32/bf16 for
 ``|n| <~ 70 * scale_base`` (the scores depend on ``m - n`` only, so shifting all
 positions by the same amount changes nothing but this range).
+
+Negative positions: allowed, as for RoPE; the scores still depend on ``m - n`` only.
 """
 
 from __future__ import annotations
