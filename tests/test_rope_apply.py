@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 import posenc.fastpath
 from conftest import tolerances
 from posenc.encodings.rope_apply import apply_rope, apply_rope_
-from posenc.fastpath import chunks, empty_like
 from posenc.reference.rope_apply_ref import rope_apply_backward_ref, rope_apply_ref
 
 B, H, T, D = 2, 3, 11, 16
@@ -231,19 +230,3 @@ def test_bad_inputs_raise():
         apply_rope(x, cos.to("meta"), cos.to("meta"))
     with pytest.raises(ValueError, match="overlapping"):
         apply_rope_(torch.zeros(1, 1, 1, D).expand(B, H, T, D), cos, cos)
-
-
-def test_chunks_cover_the_range():
-    spans = chunks(10, 100, target=300)
-    assert [(s.start, s.stop) for s in spans] == [(0, 3), (3, 6), (6, 9), (9, 10)]
-    assert chunks(5, 10**9, target=1) == [slice(i, i + 1) for i in range(5)]
-
-
-@pytest.mark.parametrize("shape", [(3, 5), (3, 1024, 1024)])  # small, and huge-page eligible
-def test_empty_like_keeps_layout(shape):
-    x = torch.randn(shape).transpose(0, -1)
-    out = empty_like(x)
-    assert out.shape == x.shape and out.stride() == x.stride() and out.dtype == x.dtype
-    out.copy_(x)
-    assert torch.equal(out, x)
-    assert empty_like(x, dtype=torch.bfloat16).dtype == torch.bfloat16

@@ -25,7 +25,7 @@ import sys
 import torch
 from torch import Tensor
 
-__all__ = ["CHUNK_BYTES", "chunks", "empty_like"]
+__all__ = ["CHUNK_BYTES", "add", "chunks", "empty_like"]
 
 #: Bytes per chunk of a multi-pass kernel (input and scratch together): the passes over
 #: one chunk then hit the L2/L3 cache instead of main memory. Larger chunks mean fewer
@@ -74,6 +74,30 @@ def empty_like(x: Tensor, *, dtype: torch.dtype | None = None) -> Tensor:
     if out.device.type == "cpu":
         _advise_huge_pages(out)
     return out
+
+
+class _Add(torch.autograd.Function):
+    """``x + y`` into a fresh ``empty_like(x)``; ``y`` broadcasts to ``x``."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, y: Tensor) -> Tensor:  # type: ignore[override]
+        ctx.y_shape = y.shape
+        return torch.add(x, y, out=empty_like(x))
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor]:  # type: ignore[override]
+        return grad, grad.sum_to_size(ctx.y_shape)
+
+
+def add(x: Tensor, y: Tensor) -> Tensor:
+    """``x + y`` as one pass into a cheap fresh output (``empty_like``), differentiable.
+
+    The additive encodings' ``x [B, T, C] + PE [T, C] | [B, T, C]``. Falls back to the
+    plain ``x + y`` when ``y`` does not broadcast to ``x``'s shape or has another dtype.
+    """
+    if x.dtype != y.dtype or torch.broadcast_shapes(x.shape, y.shape) != x.shape:
+        return x + y
+    return _Add.apply(x, y)
 
 
 def chunks(length: int, bytes_per_step: int, *, target: int | None = None) -> list[slice]:
