@@ -18,6 +18,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 import posenc
 from posenc import reference
@@ -64,6 +66,20 @@ def test_rope_cos_sin_float32_within_the_rounding_bound(scaling):
         np.testing.assert_allclose(theta, reference.rope_frequencies(HEAD_DIM), rtol=2**-48)
     cos_m, sin_m = rope.cos_sin(positions.double())  # the module's path for any position
     assert torch.equal(cos_m, cos) and torch.equal(sin_m, sin)
+
+
+@given(
+    positions=st.lists(st.integers(0, MAX_POSITION), min_size=1, max_size=64),
+    half_dim=st.integers(1, 64),
+    base=st.floats(100.0, 1e6),
+)
+def test_rope_bound_holds_for_any_positions_dim_and_base(positions, half_dim, base):
+    p = torch.tensor(positions)
+    rope = posenc.RotaryEmbedding(2 * half_dim, base=base)
+    cos, sin = rope.cos_sin(p.double())  # computed directly: no 2^21-row cache per example
+    angles = p.double().numpy()[:, None] * reference.rope_frequencies(2 * half_dim, base)
+    _check_bound(cos, np.cos(angles), angles)
+    _check_bound(sin, np.sin(angles), angles)
 
 
 def test_rope_cache_holds_the_same_numbers():
