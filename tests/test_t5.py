@@ -222,3 +222,11 @@ def test_bad_inputs_raise():
         enc.score_bias(q[..., None], k, torch.arange(3), torch.arange(3))
     with pytest.raises(ValueError, match="table must be"):
         t5_relative_bias(torch.zeros(32), torch.arange(3), torch.arange(3))
+
+
+def test_causal_models_default_to_one_direction_of_buckets():
+    assert posenc.T5RelativeBias(2).bidirectional
+    assert not posenc.T5RelativeBias(2, causal=True).bidirectional
+    assert posenc.T5RelativeBias(2, causal=True, bidirectional=True).bidirectional
+    assert not posenc.build("t5", num_heads=2, causal=True).bidirectional
+    assert posenc.build("t5", num_heads=2, causal=False).bidirectional

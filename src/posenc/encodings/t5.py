@@ -174,7 +174,10 @@ class T5RelativeBias(PositionalEncoding):
         num_buckets: ``N`` (even when bidirectional).
         max_distance: distances from here on share the last bucket.
         bidirectional: True for encoders, False for causal decoders (all buckets spent on
-            past keys).
+            past keys). None (the default) means ``not causal``: True unless the encoding
+            is built for a causal model.
+        causal: whether the attention using it is causal (``posenc.build`` passes the
+            model's setting); only decides the default of ``bidirectional``.
 
     Raises:
         ValueError: ``num_heads < 1`` or bad bucket settings (see
@@ -189,10 +192,13 @@ class T5RelativeBias(PositionalEncoding):
         *,
         num_buckets: int = 32,
         max_distance: int = 128,
-        bidirectional: bool = True,
+        bidirectional: bool | None = None,
+        causal: bool = False,
     ) -> None:
         super().__init__()
         self.num_heads = check_int("num_heads", num_heads)
+        if bidirectional is None:  # a decoder spends every bucket on the past (T5's decoder)
+            bidirectional = not causal
         _check_buckets(num_buckets, max_distance, bidirectional)
         self.num_buckets = int(num_buckets)
         self.max_distance = int(max_distance)

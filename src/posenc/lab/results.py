@@ -32,6 +32,7 @@ __all__ = [
     "finished_runs",
     "write_json",
     "write_text",
+    "write_weights",
 ]
 
 #: Statuses of runs a rerun skips (a NaN run fails again with the same seed).
@@ -48,6 +49,19 @@ def write_text(path: Path, text: str) -> None:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600; give the usual mode
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_weights(path: Path, model: torch.nn.Module) -> None:
+    """Save ``model.state_dict()`` to ``path`` atomically (load: ``weights_only=True``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        torch.save(model.state_dict(), tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -25,7 +25,14 @@ from posenc.lab import report
 from posenc.lab.config import LabConfig
 from posenc.lab.distributed import Context, init_context
 from posenc.lab.model import TinyLM
-from posenc.lab.results import check_identity, environment, finished_runs, write_json, write_text
+from posenc.lab.results import (
+    check_identity,
+    environment,
+    finished_runs,
+    write_json,
+    write_text,
+    write_weights,
+)
 from posenc.lab.train import NonFiniteLoss, train
 from posenc.lab.variants import build_encoding, variants
 from posenc.lab.workload import Workload, make_workload
@@ -126,6 +133,9 @@ class _Sweep:
             "final_loss": result.final_loss,
             "curve": result.curve,
         }
+        if self.context.is_main:  # the trained weights, e.g. for `posenc show --table`
+            write_weights(self.out / "runs" / f"{name}.pt", model)
+            record["weights"] = f"runs/{name}.pt"
         base = self._row(name, "trained", lambda length: model)
         rows = [base]
         for variant in variants(name, config):
