@@ -2,7 +2,9 @@
 
 Shapes: ``B`` batch, ``H`` heads, ``T`` length, ``D`` head_dim. Each group rotates a
 query and a key ``[B, H, T, D]``. The floor copies both into preallocated tensors (one
-read and one write each, the least any rotation can do); the other baselines are the
+read and one write each, the least any rotation can do); an out-of-place rotation must
+also allocate its output, whose floor is the copy into a fresh ``fastpath.empty_like``
+(the kernel zeroes new pages on first touch). The other baselines are the
 transformers-style expression ``x * cos + rotate_half(x) * sin``, Meta's complex
 multiply, and, when installed, transformers' ``apply_rotary_pos_emb`` and
 ``rotary-embedding-torch``'s ``apply_rotary_emb`` (neither is a dependency of posenc).
@@ -18,6 +20,7 @@ from torch import Tensor
 from posenc.bench.timing import Group, measure
 from posenc.encodings.rope import RotaryEmbedding
 from posenc.encodings.rope_apply import apply_rope, apply_rope_
+from posenc.fastpath import empty_like
 
 __all__ = ["FLOOR", "HF_STYLE", "rope_groups"]
 
@@ -106,6 +109,7 @@ def _forward_cases(t: dict[str, Tensor]) -> dict[str, Callable[[], object]]:
     cases: dict[str, Callable[[], object]] = {
         FLOOR: lambda: (out_q.copy_(q), out_k.copy_(k)),
         "clone (fresh allocation)": lambda: (q.clone(), k.clone()),
+        "copy into fastpath.empty_like": lambda: (empty_like(q).copy_(q), empty_like(k).copy_(k)),
         HF_STYLE: _both(lambda x: _hf_style(x, t["cos_full"], t["sin_full"]), q, k),
         "Meta view_as_complex (interleaved)": _both(lambda x: _meta_style(x, freqs), q, k),
     }
