@@ -6,13 +6,14 @@ No timing is asserted, ever: only that every case was measured and reported.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from posenc.bench import SUITES, run_benchmarks
 from posenc.bench.report import rope_targets
 from posenc.bench.rope import FLOOR, HF_STYLE
-from posenc.bench.timing import Group, Stats
+from posenc.bench.timing import Group, Stats, warm_memory
 from posenc.cli import main
 
 
@@ -76,6 +77,11 @@ def test_targets_are_ratios_of_medians():
     speedup = targets[f"half: x faster than {HF_STYLE}"]
     assert speedup.value == pytest.approx(20.0) and speedup.met
     assert rope_targets([_group([1, 2, 3, 4], "float32", "forward", medians)]) == []
+
+
+@pytest.mark.skipif(not Path("/proc/meminfo").exists(), reason="needs /proc/meminfo")
+def test_warm_memory_touches_whole_blocks():
+    assert warm_memory(5 << 20, block=2 << 20) == 4 << 20
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,7 @@ from posenc.bench.additive import additive_groups
 from posenc.bench.bias import QUICK_LENGTHS, bias_groups, bias_memory
 from posenc.bench.report import Target, rope_targets
 from posenc.bench.rope import rope_groups
-from posenc.bench.timing import Group, machine_info
+from posenc.bench.timing import Group, machine_info, warm_memory
 
 __all__ = ["SUITES", "Results", "external_benchmark", "run_benchmarks"]
 
@@ -117,6 +117,7 @@ def run_benchmarks(
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
+        warmed = 0 if quick else warm_memory(4 << 30)
         groups: list[Group] = []
         for suite in SUITES:
             if suite in only:
@@ -129,5 +130,11 @@ def run_benchmarks(
         machine = machine_info()
     finally:
         torch.set_num_threads(previous)
-    settings = {"suites": list(only), "quick": quick, "threads": threads, "repeats": repeats}
+    settings = {
+        "suites": list(only),
+        "quick": quick,
+        "threads": threads,
+        "repeats": repeats,
+        "memory_warmed_bytes": warmed,
+    }
     return Results(machine, settings, groups, memory, rope_targets(groups), external)
