@@ -1,7 +1,8 @@
 """Timing primitives of the benchmark suite: round-robin medians, spreads, machine info.
 
 Every comparison is a ratio of medians measured in one run, with the cases of a group
-interleaved (one call of each per round), so that a busy machine slows them alike.
+interleaved (one call of each per round, in a rotating order), so that a busy machine
+slows them alike.
 """
 
 from __future__ import annotations
@@ -44,17 +45,24 @@ class Stats:
 def measure(
     cases: Mapping[str, Callable[[], object]], *, repeats: int, warmup: int = 1
 ) -> dict[str, Stats]:
-    """Time each callable ``repeats`` times, round-robin, after ``warmup`` untimed rounds."""
+    """Time each callable ``repeats`` times, round-robin, after ``warmup`` untimed rounds.
+
+    The order rotates by one case each round, so that no case always runs right after
+    the same neighbour (a neighbour that frees a gigabyte leaves the kernel work that
+    would otherwise be charged to the next case every round).
+    """
+    names = list(cases)
     for _ in range(warmup):
         for fn in cases.values():
             fn()
-    times: dict[str, list[float]] = {name: [] for name in cases}
-    for _ in range(repeats):
-        for name, fn in cases.items():
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for round_ in range(repeats):
+        shift = round_ % len(names)
+        for name in names[shift:] + names[:shift]:
             start = time.perf_counter()
-            fn()
+            cases[name]()
             times[name].append(time.perf_counter() - start)
-    return {name: Stats.of(t) for name, t in times.items()}
+    return {name: Stats.of(times[name]) for name in names}
 
 
 def _available_bytes() -> int:
