@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import posenc
-from tests.conftest import tolerances
+from conftest import tolerances
 
 L0 = 8
 SCALINGS = {
@@ -53,10 +53,10 @@ def test_shared_encoding_keeps_every_layers_cache_consistent():
     second, _ = _layer(scaling, shared=rope)
     x = torch.randn(1, 2 * L0, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
     caches = [posenc.KVCache(), posenc.KVCache()]
-    for layer, cache in zip((first, second), caches):
+    for layer, cache in zip((first, second), caches, strict=True):
         layer(x[:, :L0], cache=cache)
     for t in range(L0, x.shape[1]):
-        for layer, cache in zip((first, second), caches):
+        for layer, cache in zip((first, second), caches, strict=True):
             step = layer(x[:, t : t + 1], cache=cache)
             rope.reset_length()
             full = layer(x[:, : t + 1])[:, -1:]

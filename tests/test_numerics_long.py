@@ -102,16 +102,7 @@ def test_sinusoidal_float32_within_the_rounding_bound():
     assert torch.equal(module.table(5000), posenc.sinusoidal_table(torch.arange(5000), HEAD_DIM))
 
 
-HALF_SPLIT_IN_HALF = pytest.mark.xfail(
-    strict=True,
-    reason="apply_rope rotates half-split bf16/fp16 in the input's dtype (three roundings), "
-    "not in float32 rounded once",
-)
-
-
-@pytest.mark.parametrize(
-    "interleaved", [pytest.param(False, marks=HALF_SPLIT_IN_HALF, id="half-split"), True]
-)
+@pytest.mark.parametrize("interleaved", [False, True], ids=["half-split", "interleaved"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_rope_is_the_float32_result_rounded(dtype, interleaved):
     g = torch.Generator().manual_seed(0)

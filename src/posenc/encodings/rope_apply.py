@@ -19,12 +19,11 @@ Speed: the rotation is pure memory traffic, so the kernels here write every part
 result into the output (``out=``) and never allocate a full-size temporary. Interleaved
 float32/float64 pairs are one complex multiply (``x`` viewed as complex); the other
 cases run a few passes per cache-sized chunk of positions (``posenc.fastpath.chunks``),
-so main memory is read and written once. Precision: half-split pairs are computed in
-``x``'s dtype (``cos``/``sin`` cast to it once; in float16/bfloat16 each output is
-rounded twice, within a few units in the last place of the float64 result);
-interleaved float16/bfloat16 pairs go through float32 and are rounded once. The
-backward pass is the rotation by ``-theta`` (``apply`` with ``-sin``), through the same
-kernels.
+so main memory is read and written once. Precision: float32/float64 inputs are rotated
+in their own dtype; float16/bfloat16 inputs are rotated in float32 and rounded once
+(the float32 result rounded to ``x``'s dtype). The backward pass is the rotation by
+``-theta`` (``apply`` with ``-sin``), through the same kernels. Under ``torch.compile``
+the plain expression is traced instead (the compiler fuses it into one kernel).
 """
 
 from __future__ import annotations
@@ -91,9 +90,9 @@ def _tables(cos: Tensor, sin: Tensor, dtype: torch.dtype, inverse: bool) -> tupl
     return cos, (-sin if inverse else sin)
 
 
-def _compute_dtype(dtype: torch.dtype, interleaved: bool) -> torch.dtype:
-    """Interleaved half precision goes through float32 complex numbers; all else stays."""
-    return torch.float32 if interleaved and dtype not in _COMPLEX else dtype
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float32/float64 rotate in their own dtype; half precision goes through float32."""
+    return dtype if dtype in _COMPLEX else torch.float32
 
 
 def _half_split(out: Tensor, x: Tensor, cos2: Tensor, cos: Tensor, sin: Tensor) -> None:
@@ -115,15 +114,19 @@ def _rotate_chunked(out: Tensor, x: Tensor, cos: Tensor, sin: Tensor, interleave
     first copied into a contiguous buffer of the compute dtype when the rotation is in
     place (the passes need the unrotated values) and for interleaved pairs that cannot
     be viewed as complex numbers where they lie (half precision, odd strides), which
-    are multiplied as complex numbers in the buffer and copied (rounded) out.
+    are multiplied as complex numbers in the buffer and copied (rounded) out. Half-split
+    half-precision pairs are rotated into a float32 buffer, then rounded into ``out``.
     """
     batch, heads, length, _ = x.shape
     rotary_dim, compute = 2 * cos.shape[-1], cos.dtype
-    staged = out is x or interleaved
-    per_position = batch * heads * rotary_dim * (x.element_size() + compute.itemsize)
+    widened = compute != x.dtype and not interleaved  # half-split half precision
+    staged = out is x or interleaved or widened
+    buffers = staged + widened
+    per_position = batch * heads * rotary_dim * (x.element_size() + buffers * compute.itemsize)
     spans = chunks(length, per_position)
     size = batch * heads * spans[0].stop * rotary_dim
     work = x.new_empty(size, dtype=compute) if staged else None
+    result = x.new_empty(size, dtype=compute) if widened else None
     if interleaved:
         freqs = torch.complex(cos, sin)  # [..., T, R/2]
     else:
@@ -137,6 +140,10 @@ def _rotate_chunked(out: Tensor, x: Tensor, cos: Tensor, sin: Tensor, interleave
         if interleaved:
             torch.view_as_complex(src.unflatten(-1, (rotary_dim // 2, 2))).mul_(freqs[..., span, :])
             dst.copy_(src)
+        elif result is not None:
+            rotated = result[:numel].view(shape)
+            _half_split(rotated, src, cos2[..., span, :], cos[..., span, :], sin[..., span, :])
+            dst.copy_(rotated)  # the one rounding to x's dtype
         else:
             _half_split(dst, src, cos2[..., span, :], cos[..., span, :], sin[..., span, :])
 
@@ -150,7 +157,7 @@ def _rotate_into(
         return
     if out is not x and rotary_dim < x.shape[-1]:
         out[..., rotary_dim:].copy_(x[..., rotary_dim:])  # pass-through features
-    cos, sin = _tables(cos, sin, _compute_dtype(x.dtype, interleaved), inverse)
+    cos, sin = _tables(cos, sin, _compute_dtype(x.dtype), inverse)
     x_c, out_c = _complex_view(x, rotary_dim), _complex_view(out, rotary_dim)
     if interleaved and x_c is not None and out_c is not None:
         torch.mul(x_c, torch.complex(cos, sin), out=out_c)  # one pass: read x, write out
@@ -182,11 +189,15 @@ class _Rope(torch.autograd.Function):
 
 
 def _rotate_differentiable(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
-    """The plain expression, differentiable in ``cos`` and ``sin`` too (learned angles)."""
+    """The plain expression, differentiable in ``cos`` and ``sin`` too (learned angles).
+
+    Computed in ``_compute_dtype(x.dtype)`` and rounded once, like the fast kernels.
+    """
     rotary_dim = 2 * cos.shape[-1]
-    cos, sin = _tables(cos, sin, x.dtype, inverse=False)
+    cos, sin = _tables(cos, sin, _compute_dtype(x.dtype), inverse=False)
     a, b = _pairs(x, rotary_dim, interleaved)
-    new_a, new_b = a * cos - b * sin, a * sin + b * cos
+    a, b = a.to(cos.dtype), b.to(cos.dtype)
+    new_a, new_b = (a * cos - b * sin).to(x.dtype), (a * sin + b * cos).to(x.dtype)
     if interleaved:
         rotated = torch.stack((new_a, new_b), dim=-1).flatten(-2)
     else:
@@ -196,6 +207,11 @@ def _rotate_differentiable(x: Tensor, cos: Tensor, sin: Tensor, interleaved: boo
 
 def _needs_grad(*tensors: Tensor) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def _plain(*tensors: Tensor) -> bool:
+    """Use the plain expression: learned angles, or a graph being compiled or exported."""
+    return torch.compiler.is_compiling() or _needs_grad(*tensors[1:])
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = False) -> Tensor:
@@ -210,8 +226,8 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = False
 
     Returns:
         A new tensor of ``x``'s shape and dtype (and strides, when ``x`` is dense);
-        ``x`` is not modified. Computed in ``x``'s dtype with ``cos``/``sin`` cast to it,
-        except interleaved float16/bfloat16 pairs (float32, rounded once).
+        ``x`` is not modified. Computed in ``x``'s dtype with ``cos``/``sin`` cast to it;
+        float16/bfloat16 inputs in float32, rounded once.
         Differentiable in ``x`` (backward: the inverse rotation), and in ``cos``/``sin``
         when they require grad.
 
@@ -220,7 +236,7 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = False
         TypeError: non-tensor, non-floating or complex inputs.
     """
     _check(x, cos, sin)
-    if _needs_grad(cos, sin):
+    if _plain(x, cos, sin):
         return _rotate_differentiable(x, cos, sin, interleaved)
     if _needs_grad(x):
         return _Rope.apply(x, cos, sin, interleaved, False)
@@ -246,7 +262,7 @@ def apply_rope_(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = Fals
             f"x (shape {tuple(x.shape)}, strides {x.stride()}) has overlapping elements; "
             "rotate a copy with apply_rope instead"
         )
-    if _needs_grad(cos, sin):
+    if _plain(x, cos, sin):
         return x.copy_(_rotate_differentiable(x, cos, sin, interleaved))
     if _needs_grad(x):
         return _Rope.apply(x, cos, sin, interleaved, True)
