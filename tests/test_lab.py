@@ -88,6 +88,14 @@ def test_quick_command_writes_the_three_outputs(tmp_path):
     assert "| rope +yarn |" in report and "perplexity.png" in report
     assert (tmp_path / "perplexity.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "rope +yarn" in proc.stdout  # the final table
+    shape = {k: res["config"][k] for k in ("d_model", "num_layers", "num_heads")}
+    for run in res["runs"]:  # the trained weights load into a fresh model of the same shape
+        state = torch.load(tmp_path / run["weights"], weights_only=True)
+        config = LabConfig(encodings=(run["encoding"],), train_len=res["config"]["train_len"],
+                           d_model=shape["d_model"], num_heads=shape["num_heads"],
+                           eval_lens=tuple(res["config"]["eval_lens"]))  # fmt: skip
+        model = TinyLM(build_encoding(run["encoding"], config), vocab_size=256, **shape)
+        model.load_state_dict(state)
 
 
 def test_same_seed_same_numbers(tmp_path):

@@ -62,6 +62,7 @@ def write_weights(path: Path, model: torch.nn.Module) -> None:
     os.close(fd)
     try:
         torch.save(model.state_dict(), tmp)
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600; give the usual mode
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
