@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import posenc.fastpath
 from conftest import tolerances
-from posenc.encodings.rope_apply import apply_rope, apply_rope_
+from posenc.encodings.rotary.apply import apply_rope, apply_rope_
 from posenc.reference.rope_apply_ref import rope_apply_backward_ref, rope_apply_ref
 
 B, H, T, D = 2, 3, 11, 16

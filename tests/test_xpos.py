@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 import posenc
 from conftest import tolerances
 from posenc import XPos
-from posenc.encodings.xpos import xpos_scale
+from posenc.encodings.rotary.xpos import xpos_scale
 from posenc.reference import rope as ref
 
 TIGHT = tolerances(torch.float64)

@@ -18,8 +18,8 @@ import torch
 from torch import Tensor
 
 from posenc.bench.timing import Group, measure
-from posenc.encodings.rope import RotaryEmbedding
-from posenc.encodings.rope_apply import apply_rope, apply_rope_
+from posenc.encodings.rotary.apply import apply_rope, apply_rope_
+from posenc.encodings.rotary.module import RotaryEmbedding
 from posenc.fastpath import empty_like
 
 __all__ = ["FLOOR", "HF_STYLE", "rope_groups"]

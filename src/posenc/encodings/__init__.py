@@ -6,15 +6,15 @@ from posenc.encodings.fire import FIRE, fire_bias, fire_normalized_distance
 from posenc.encodings.kerple import KERPLE, KERPLE_KERNELS, kerple_bias
 from posenc.encodings.learned import LearnedPositionalEncoding
 from posenc.encodings.nope import NoPE
-from posenc.encodings.rope import FrequencyChange, RotaryEmbedding
-from posenc.encodings.rope_apply import apply_rope
-from posenc.encodings.rope_functional import (
+from posenc.encodings.rotary.apply import apply_rope
+from posenc.encodings.rotary.functional import (
     rerotate_keys,
     rope_cos_sin,
     rope_weight_to_half_split,
     rope_weight_to_interleaved,
 )
-from posenc.encodings.rope_scaling import (
+from posenc.encodings.rotary.module import FrequencyChange, RotaryEmbedding
+from posenc.encodings.rotary.scaling import (
     DefaultRope,
     LinearScaling,
     RopeScaling,
@@ -22,13 +22,14 @@ from posenc.encodings.rope_scaling import (
     scaling_from_dict,
     scaling_types,
 )
-from posenc.encodings.rope_scaling_extended import (
+from posenc.encodings.rotary.scaling_extended import (
     DynamicNTKScaling,
     Llama3Scaling,
     LongRopeScaling,
     NTKScaling,
     YarnScaling,
 )
+from posenc.encodings.rotary.xpos import XPos, xpos_scale
 from posenc.encodings.sandwich import Sandwich, sandwich_bias
 from posenc.encodings.shaw import (
     ShawRelativePosition,
@@ -38,7 +39,6 @@ from posenc.encodings.shaw import (
 )
 from posenc.encodings.sinusoidal import SinusoidalPositionalEncoding, sinusoidal_table
 from posenc.encodings.t5 import T5RelativeBias, t5_relative_bias, t5_relative_position_bucket
-from posenc.encodings.xpos import XPos, xpos_scale
 
 __all__ = [
     "FIRE",

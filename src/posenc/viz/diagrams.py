@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from posenc._checks import check_even, check_float, check_int
-from posenc.encodings.rope_apply import apply_rope
+from posenc.encodings.rotary.apply import apply_rope
 from posenc.encodings.sinusoidal import sinusoidal_table
 from posenc.viz._common import new_figure
 

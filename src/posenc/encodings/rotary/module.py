@@ -43,14 +43,14 @@ from torch.utils.hooks import RemovableHandle
 
 from posenc._checks import check_int, check_tensor, resolve_positions
 from posenc.base import PositionalEncoding, Site, register
-from posenc.encodings.rope_apply import apply_rope
-from posenc.encodings.rope_functional import (
+from posenc.encodings.rotary.apply import apply_rope
+from posenc.encodings.rotary.functional import (
     Frequencies,
     rerotate_keys,
     rope_cos_sin,
     table_dtype,
 )
-from posenc.encodings.rope_scaling import DEFAULT_BASE, ScalingSpec, resolve_scaling
+from posenc.encodings.rotary.scaling import DEFAULT_BASE, ScalingSpec, resolve_scaling
 
 __all__ = ["FrequencyChange", "RotaryEmbedding"]
 

@@ -24,8 +24,8 @@ from torch import Tensor
 
 from posenc._checks import check_even, check_float, check_positions
 from posenc.base import register
-from posenc.encodings.rope import RotaryEmbedding
-from posenc.encodings.rope_scaling import DEFAULT_BASE
+from posenc.encodings.rotary.module import RotaryEmbedding
+from posenc.encodings.rotary.scaling import DEFAULT_BASE
 
 __all__ = ["XPos", "xpos_scale"]
 

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from posenc._checks import check_int
-from posenc.encodings.rope import RotaryEmbedding
-from posenc.encodings.rope_scaling import DEFAULT_BASE, RopeScaling, resolve_scaling
+from posenc.encodings.rotary.module import RotaryEmbedding
+from posenc.encodings.rotary.scaling import DEFAULT_BASE, RopeScaling, resolve_scaling
 
 __all__ = ["HFRopeConfig", "parse_hf_rope_config", "rope_from_hf_config"]
 

@@ -20,7 +20,7 @@ from posenc._checks import (
     check_tensor,
     resolve_positions,
 )
-from posenc.encodings.rope_apply import apply_rope
+from posenc.encodings.rotary.apply import apply_rope
 
 __all__ = [
     "Frequencies",

@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from posenc._checks import check_float, check_int
-from posenc.encodings.rope_scaling import RopeScaling, base_inv_freq, register_scaling
+from posenc.encodings.rotary.scaling import RopeScaling, base_inv_freq, register_scaling
 
 __all__ = [
     "DynamicNTKScaling",

@@ -1,0 +1,1 @@
+"""Rotary encodings: the RoPE module, its apply kernels, the scalings, xPos."""
