@@ -1,0 +1,178 @@
+"""The Triton RoPE kernel and its autograd wrapper (Su et al. 2021, "RoFormer", eq. 34).
+
+Shapes: ``B`` batch, ``H`` heads, ``T`` length, ``D`` head_dim, ``R`` rotary dim.
+
+One program rotates ``BLOCK_T`` positions of one ``(batch, head)`` row: it loads the
+pairs ``(a_i, b_i)`` (``(x[i], x[i + R/2])`` half-split, ``(x[2i], x[2i+1])``
+interleaved) and their ``cos``/``sin``, writes ``(a cos - b sin, a sin + b cos)``, and
+copies features ``R..D-1`` when the output is a new tensor. Memory traffic is one read
+of ``x`` and one write of the output, plus the tables (``T x R/2`` each, or
+``B x T x R/2``), read once per head from the cache. Importing this module imports
+Triton; the kernel is defined at import, so ``TRITON_INTERPRET=1`` must be set before.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+from triton.runtime.interpreter import InterpretedFunction
+
+__all__ = ["rope"]
+
+_FLOATS = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+_TILE = 4096  # elements of one (position, pair) tile per program
+
+
+@triton.jit
+def _rope_kernel(
+    x_ptr,
+    out_ptr,
+    cos_ptr,
+    sin_ptr,
+    heads,
+    length,
+    t_blocks,
+    sxb,
+    sxh,
+    sxt,
+    sxd,
+    sob,
+    soh,
+    sot,
+    sod,
+    scb,
+    sct,
+    HALF: tl.constexpr,
+    PASS: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    BLOCK_PASS: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    INVERSE: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    row = pid // t_blocks  # b * H + h
+    b = (row // heads).to(tl.int64)
+    h = (row % heads).to(tl.int64)
+    t = (pid % t_blocks) * BLOCK_T + tl.arange(0, BLOCK_T)  # [BLOCK_T]
+    i = tl.arange(0, BLOCK_HALF)  # [BLOCK_HALF]
+    t_ok = t < length
+    mask = t_ok[:, None] & (i < HALF)[None, :]
+    t64 = t.to(tl.int64)[:, None]
+    x_row = x_ptr + b * sxb + h * sxh + t64 * sxt  # [BLOCK_T, 1] pointers
+    o_row = out_ptr + b * sob + h * soh + t64 * sot
+    if INTERLEAVED:
+        first = 2 * i
+        second = 2 * i + 1
+    else:
+        first = i
+        second = i + HALF
+    table = b * scb + t64 * sct + i[None, :]
+    cos = tl.load(cos_ptr + table, mask=mask, other=0.0)
+    sin = tl.load(sin_ptr + table, mask=mask, other=0.0)
+    if INVERSE:
+        sin = -sin
+    a = tl.load(x_row + first[None, :] * sxd, mask=mask, other=0.0).to(cos.dtype)
+    b_ = tl.load(x_row + second[None, :] * sxd, mask=mask, other=0.0).to(cos.dtype)
+    kind = out_ptr.dtype.element_ty
+    tl.store(o_row + first[None, :] * sod, (a * cos - b_ * sin).to(kind), mask=mask)
+    tl.store(o_row + second[None, :] * sod, (a * sin + b_ * cos).to(kind), mask=mask)
+    if PASS > 0:  # partial rotary, out of place: copy the features past R
+        j = 2 * HALF + tl.arange(0, BLOCK_PASS)
+        keep = t_ok[:, None] & (j < 2 * HALF + PASS)[None, :]
+        tl.store(o_row + j[None, :] * sod, tl.load(x_row + j[None, :] * sxd, mask=keep), mask=keep)
+
+
+def _check(x: Tensor, cos: Tensor, sin: Tensor) -> None:
+    """Validate the arguments as ``posenc.apply_rope`` does, plus the device."""
+    for name, t in (("x", x), ("cos", cos), ("sin", sin)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in _FLOATS:
+            raise TypeError(f"{name} must be float64/32/16 or bfloat16, got dtype {t.dtype}")
+    if x.dim() != 4 or cos.dim() not in (2, 3):
+        raise ValueError(
+            f"x must be [B, H, T, D] and cos/sin [T, R/2] or [B, T, R/2], "
+            f"got shapes {tuple(x.shape)} and {tuple(cos.shape)}"
+        )
+    if cos.shape != sin.shape:
+        raise ValueError(f"cos {tuple(cos.shape)} and sin {tuple(sin.shape)} differ in shape")
+    if cos.device != x.device or sin.device != x.device:
+        raise ValueError(f"cos/sin are on {cos.device}/{sin.device} but x is on {x.device}")
+    if not x.is_cuda and not isinstance(_rope_kernel, InterpretedFunction):
+        raise ValueError(f"x is on {x.device}: the Triton kernels need CUDA tensors")
+    if 2 * cos.shape[-1] > x.shape[-1]:
+        raise ValueError(f"cos/sin rotate {2 * cos.shape[-1]} features, x has D={x.shape[-1]}")
+    if cos.shape[-2] != x.shape[-2]:
+        raise ValueError(f"cos/sin cover {cos.shape[-2]} positions but x has T={x.shape[-2]}")
+    if cos.dim() == 3 and cos.shape[0] not in (1, x.shape[0]):
+        raise ValueError(f"cos/sin have batch {cos.shape[0]} but x has batch {x.shape[0]}")
+    if cos.requires_grad or sin.requires_grad:
+        raise ValueError(
+            "posenc.triton.apply_rope is differentiable in x only, but cos/sin require grad; "
+            "use posenc.apply_rope for learned angles"
+        )
+
+
+def _launch(out: Tensor, x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, inverse: bool):
+    """Write the rotation of ``x`` into ``out`` (``out is x``: in place)."""
+    batch, heads, length, dim = x.shape
+    if x.numel() == 0:
+        return
+    half = cos.shape[-1]
+    compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+    cos, sin = cos.to(compute).contiguous(), sin.to(compute).contiguous()  # small tables
+    batch_stride = cos.stride(0) if cos.dim() == 3 and cos.shape[0] > 1 else 0
+    block_half = triton.next_power_of_2(max(half, 1))
+    block_t = max(1, min(triton.next_power_of_2(length), _TILE // block_half))
+    passed = 0 if out is x else dim - 2 * half
+    t_blocks = triton.cdiv(length, block_t)
+    _rope_kernel[(batch * heads * t_blocks,)](
+        x, out, cos, sin, heads, length, t_blocks,
+        *x.stride(), *out.stride(), batch_stride, cos.stride(-2),
+        HALF=half,
+        PASS=passed,
+        BLOCK_T=block_t,
+        BLOCK_HALF=block_half,
+        BLOCK_PASS=triton.next_power_of_2(max(passed, 1)),
+        INTERLEAVED=interleaved,
+        INVERSE=inverse,
+    )  # fmt: skip
+
+
+class _Rope(torch.autograd.Function):
+    """Rotation by ``theta``; its backward is the rotation by ``-theta``."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, inplace: bool):  # type: ignore[override]
+        ctx.save_for_backward(cos, sin)
+        ctx.interleaved = interleaved
+        out = x if inplace else torch.empty_like(x)
+        _launch(out, x, cos, sin, interleaved, inverse=False)
+        if inplace:
+            ctx.mark_dirty(x)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        cos, sin = ctx.saved_tensors
+        grad_x = torch.empty_like(grad, memory_format=torch.contiguous_format)
+        _launch(grad_x, grad, cos, sin, ctx.interleaved, inverse=True)
+        return grad_x, None, None, None, None
+
+
+def rope(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool, inplace: bool) -> Tensor:
+    """``posenc.triton.apply_rope`` once Triton is imported (see there)."""
+    _check(x, cos, sin)
+    if inplace and any(s == 0 and n > 1 for s, n in zip(x.stride(), x.shape, strict=True)):
+        raise ValueError(
+            f"x (shape {tuple(x.shape)}, strides {x.stride()}) has overlapping elements; "
+            "rotate a copy (inplace=False) instead"
+        )
+    if torch.is_grad_enabled() and x.requires_grad:
+        return _Rope.apply(x, cos, sin, interleaved, inplace)
+    out = x if inplace else torch.empty_like(x)
+    _launch(out, x, cos, sin, interleaved, inverse=False)
+    return out
