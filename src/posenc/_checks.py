@@ -21,6 +21,25 @@ def check_int(name: str, value: object, *, minimum: int = 1) -> int:
     return int(value)
 
 
+def check_bool(name: str, value: object) -> bool:
+    """Return ``value`` after checking it is a ``bool`` (not a truthy string or number)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
+    return value
+
+
+def check_float_dtype(name: str, dtype: object) -> torch.dtype:
+    """Return ``dtype`` after checking it is a real floating-point ``torch.dtype``.
+
+    An integer or bool dtype would round every value (slopes, sin/cos) to 0 or 1.
+    """
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"{name} must be a torch.dtype, got {dtype!r} ({type(dtype).__name__})")
+    if not dtype.is_floating_point:
+        raise TypeError(f"{name} must be a floating-point dtype, got {dtype}")
+    return dtype
+
+
 def check_even(name: str, value: object) -> int:
     """Return ``value`` after checking it is a positive even integer."""
     value = check_int(name, value)
@@ -53,12 +72,20 @@ def check_probability(name: str, value: object) -> float:
     return value
 
 
-def check_tensor(name: str, x: object, *, ndim: int | tuple[int, ...] | None = None) -> Tensor:
-    """Check ``x`` is a floating-point tensor with ``ndim`` dimensions."""
+def check_tensor(
+    name: str, x: object, *, ndim: int | tuple[int, ...] | None = None, allow_meta: bool = False
+) -> Tensor:
+    """Check ``x`` is a real floating-point tensor with ``ndim`` dimensions.
+
+    A tensor on the meta device (shapes only) is refused unless ``allow_meta``: the
+    callers that need its values would otherwise fail inside torch.
+    """
     if not isinstance(x, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if not (x.is_floating_point() or x.is_complex()):
-        raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+    if x.device.type == "meta" and not allow_meta:
+        raise ValueError(f"{name} is on the meta device (shapes only); pass a tensor with values")
+    if not x.is_floating_point():  # complex too: the imaginary part would be dropped
+        raise TypeError(f"{name} must be a real floating-point tensor, got dtype {x.dtype}")
     if ndim is not None:
         allowed = (ndim,) if isinstance(ndim, int) else ndim
         if x.dim() not in allowed:
@@ -68,9 +95,21 @@ def check_tensor(name: str, x: object, *, ndim: int | tuple[int, ...] | None = N
 
 
 def check_positions(positions: object, name: str = "positions") -> Tensor:
-    """Check ``positions`` is a tensor of integer or float32/float64 values (any shape)."""
+    """Check ``positions`` (any shape) and return them ready to use.
+
+    Integer positions of every dtype (uint8, int16, int32, ...) come back as int64, so
+    they index tables as positions (a uint8 index would otherwise read as a mask);
+    float32/float64 positions must be finite. Half precision is refused: positions above
+    256 are not exact in it.
+
+    Raises:
+        TypeError: not a tensor; bool, complex or half-precision dtype.
+        ValueError: NaN or infinite float positions; positions on the meta device.
+    """
     if not isinstance(positions, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(positions).__name__}")
+    if positions.device.type == "meta":
+        raise ValueError(f"{name} is on the meta device (shapes only); positions need values")
     if positions.is_complex() or positions.dtype == torch.bool:
         raise TypeError(f"{name} must hold integer or real values, got dtype {positions.dtype}")
     if positions.dtype in (torch.float16, torch.bfloat16):
@@ -78,6 +117,15 @@ def check_positions(positions: object, name: str = "positions") -> Tensor:
             f"{name} must not be {positions.dtype}: positions above 256 are not exact in it; "
             "pass integer or float32/float64 positions"
         )
+    if not positions.is_floating_point():
+        return positions if positions.dtype == torch.int64 else positions.to(torch.int64)
+    if (
+        positions.device.type != "meta"
+        and not torch.compiler.is_compiling()
+        and not bool(torch.isfinite(positions).all())
+    ):
+        bad = positions[~torch.isfinite(positions)][0].item()
+        raise ValueError(f"{name} must be finite, got {bad}")
     return positions
 
 
@@ -97,7 +145,7 @@ def resolve_positions(
     """
     if positions is None:
         return torch.arange(seq_len, device=device)
-    check_positions(positions, name)
+    positions = check_positions(positions, name)
     if positions.dim() not in (1, 2) or positions.shape[-1] != seq_len:
         raise ValueError(
             f"{name} must have shape [T] or [B, T] with T = {seq_len}, "

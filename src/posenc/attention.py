@@ -30,7 +30,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from posenc._checks import check_int, check_probability, check_tensor, resolve_positions
+from posenc._checks import (
+    check_bool,
+    check_int,
+    check_probability,
+    check_tensor,
+    resolve_positions,
+)
 from posenc.attention_backends import DEFAULT_BLOCK_SIZE, Masking, attend, check_backend
 from posenc.base import PositionalEncoding, Site, build
 from posenc.encodings.nope import NoPE
@@ -123,6 +129,7 @@ class MultiHeadAttention(nn.Module):
             )
         if not isinstance(causal, bool):
             raise TypeError(f"causal must be a bool, got {causal!r}")
+        check_bool("bias", bias)
         self.head_dim = d_model // num_heads
         self.causal = causal
         self.dropout = check_probability("dropout", dropout)
@@ -173,7 +180,10 @@ class MultiHeadAttention(nn.Module):
         Args:
             x: the token representations.
             positions: ``[T]`` or ``[B, T]`` (integer or float). None: ``arange(T)``, or
-                continuing after each sequence's last cached position.
+                continuing after each sequence's last cached position. Encodings with
+                structured positions (an ``attention_positions`` method: M-RoPE's
+                ``[3, T]`` / ``[3, B, T]``, axial RoPE's ``[N, 2]``) take those; the tokens
+                are then masked and cached by their index, as if positions were None.
             key_padding_mask: bool, True = attend; ``[B, T]`` for the new tokens, or
                 ``[B, Tk]`` covering the cached keys too (replacing the cached mask).
             segment_ids: ``[B, T]`` integer document ids of packed sequences; keys of
@@ -192,11 +202,20 @@ class MultiHeadAttention(nn.Module):
         batch, length, width = x.shape
         if width != self.d_model:
             raise ValueError(f"x has last dimension {width}, expected d_model={self.d_model}")
+        if x.dtype != self.q_proj.weight.dtype:
+            raise TypeError(
+                f"x has dtype {x.dtype} but the layer's weights are {self.q_proj.weight.dtype}; "
+                f"convert one of them (e.g. layer.to({x.dtype}))"
+            )
         if cache is not None and not isinstance(cache, KVCache):
             raise TypeError(f"cache must be a KVCache or None, got {type(cache).__name__}")
         past = 0 if cache is None else len(cache)
         _check_ids("key_padding_mask", key_padding_mask, [(batch, length), (batch, past + length)])
         _check_ids("segment_ids", segment_ids, [(batch, length)])
+        rotary_pos = None  # structured positions (M-RoPE [3, B, T], axial [N, 2]) rotate only
+        split = getattr(self.position, "attention_positions", None)
+        if positions is not None and split is not None:
+            positions, rotary_pos = split(positions, batch=batch, length=length)
         aligned = positions is None and past == 0 and key_padding_mask is None
         aligned = aligned and segment_ids is None
         if positions is None and cache is not None:
@@ -211,9 +230,11 @@ class MultiHeadAttention(nn.Module):
         k = self.k_proj(x).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
         if self.position.sites & Site.QK:
-            if cache is not None and q_pos.numel():
-                self.position.sync_cache(cache, int(q_pos.max()) + 1)
-            q, k = self.position.rotate(q, k, q_pos, q_pos)  # [B, H, T, D], [B, Hkv, T, D]
+            r_pos = q_pos if rotary_pos is None else rotary_pos.to(x.device)
+            if cache is None:
+                q, k = self.position.rotate(q, k, r_pos, r_pos)  # [B, H, T, D], [B, Hkv, T, D]
+            else:  # one frequency snapshot for the cached keys and the new q, k
+                q, k = self.position.rotate_cached(q, k, r_pos, r_pos, cache)
 
         k_pos, k_mask, k_seg = q_pos, key_padding_mask, segment_ids
         if cache is not None:

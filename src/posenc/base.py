@@ -99,6 +99,20 @@ class PositionalEncoding(nn.Module):
         The default does nothing.
         """
 
+    def rotate_cached(
+        self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, cache: Any
+    ) -> tuple[Tensor, Tensor]:
+        """QK site in a cached forward: ``sync_cache`` for ``max(q_pos) + 1``, then ``rotate``.
+
+        ``MultiHeadAttention`` calls this instead of ``rotate`` when it holds a KV cache.
+        Encodings with frequency state (RoPE) override it to use one snapshot of that state
+        for the cached keys and the new queries and keys, so that threads sharing the
+        encoding cannot interleave between the two steps.
+        """
+        if q_pos.numel():
+            self.sync_cache(cache, int(q_pos.max()) + 1)
+        return self.rotate(q, k, q_pos, k_pos)
+
     def extra_repr(self) -> str:
         return f"sites={'|'.join(self.sites.names()) or 'none'}"
 
@@ -149,6 +163,13 @@ class Compose(PositionalEncoding):
         for enc in self._at(Site.QK):
             enc.sync_cache(cache, length)
 
+    def rotate_cached(
+        self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, cache: Any
+    ) -> tuple[Tensor, Tensor]:
+        for enc in self._at(Site.QK):
+            q, k = enc.rotate_cached(q, k, q_pos, k_pos, cache)
+        return q, k
+
     def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
         return _sum_terms(e.score_bias(q, k, q_pos, k_pos) for e in self._at(Site.SCORE))
 
@@ -194,9 +215,21 @@ E = TypeVar("E", bound=type[PositionalEncoding])
 
 
 def register(name: str, *, paper: str, description: str) -> Callable[[E], E]:
-    """Class decorator: make an encoding buildable by ``posenc.build(name)``."""
+    """Class decorator: make an encoding buildable by ``posenc.build(name)``.
+
+    Raises:
+        TypeError: a non-string ``name``, or decorating anything but a
+            ``PositionalEncoding`` subclass.
+        ValueError: ``name`` already registered to another class.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"encoding name must be a str, got {name!r}")
 
     def deco(cls: E) -> E:
+        if not (isinstance(cls, type) and issubclass(cls, PositionalEncoding)):
+            raise TypeError(
+                f"register({name!r}) decorates PositionalEncoding subclasses, got {cls!r}"
+            )
         if name in _REGISTRY and _REGISTRY[name].cls is not cls:
             raise ValueError(f"encoding name {name!r} is already registered")
         _REGISTRY[name] = EncodingInfo(name, cls, paper, description)
@@ -212,6 +245,8 @@ def available() -> list[str]:
 
 def info(name: str) -> EncodingInfo:
     """Registry entry for ``name``; unknown names raise ``ValueError`` listing the known."""
+    if not isinstance(name, str):
+        raise TypeError(f"encoding name must be a str, got {name!r} ({type(name).__name__})")
     try:
         return _REGISTRY[name]
     except KeyError:

@@ -9,10 +9,12 @@ done in the input's dtype with the table cast once.
 
 Beyond the table (a position ``>= max_len``) the module raises by default. With
 ``beyond="interpolate"`` a sequence that needs ``N > max_len`` positions sees the table
-stretched to ``N`` rows by linear interpolation (``F.interpolate``, ``align_corners=False``,
-as in ViT/DeiT position-embedding resizing): position ``p`` then reads the trained table
-at the fractional row ``(p + 0.5) * max_len / N - 0.5`` (clamped to the table), so
-positions are rescaled relative to the longest one in the call, not extrapolated.
+stretched to ``N`` rows by linear interpolation (the rule of ``F.interpolate``,
+``align_corners=False``, as in ViT/DeiT position-embedding resizing): position ``p`` then
+reads the trained table at the fractional row ``(p + 0.5) * max_len / N - 0.5`` (clamped to
+the table), so positions are rescaled relative to the longest one in the call, not
+extrapolated. Only the rows asked for are interpolated (source rows in float64), so the
+cost follows the number of positions, not their value.
 
 Negative positions: rejected with a ``ValueError`` naming the position (the table has no
 row before 0).
@@ -21,7 +23,6 @@ row before 0).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posenc._checks import check_int, check_probability, check_tensor, resolve_positions
@@ -88,10 +89,18 @@ class LearnedPositionalEncoding(PositionalEncoding):
                 f"sequence length {seq_len} exceeds the learned table's max_len={self.max_len}; "
                 "use beyond='interpolate' or a larger max_len"
             )
+        return self._stretched(torch.arange(seq_len, device=self.weight.device), seq_len)
+
+    def _stretched(self, positions: Tensor, length: int) -> Tensor:
+        """Rows ``[..., C]`` at ``positions`` of the table stretched to ``length`` rows."""
+        src = (positions.to(torch.float64) + 0.5) * (self.max_len / length) - 0.5
+        src = src.clamp_min(0.0)
+        low = src.floor().long().clamp_max(self.max_len - 1)
+        high = (low + 1).clamp_max(self.max_len - 1)
         dtype = torch.promote_types(self.weight.dtype, torch.float32)  # weights never in bf16
-        rows = self.weight.to(dtype).t().unsqueeze(0)  # [1, C, max_len]
-        stretched = F.interpolate(rows, size=seq_len, mode="linear", align_corners=False)
-        return stretched.squeeze(0).t()  # [seq_len, C]
+        frac = (src - low).to(dtype).unsqueeze(-1)  # [..., 1]
+        weight = self.weight.to(dtype)
+        return torch.lerp(weight[low], weight[high], frac)
 
     def encoding(self, positions: Tensor) -> Tensor:
         """Table rows ``[..., C]`` for non-negative integer ``positions [...]``.
@@ -112,7 +121,9 @@ class LearnedPositionalEncoding(PositionalEncoding):
                 f"position {high} is beyond the learned table of max_len={self.max_len}; "
                 "use beyond='interpolate' or a larger max_len"
             )
-        return self.table(high + 1)[positions]
+        if high < self.max_len:
+            return self.weight[positions]
+        return self._stretched(positions, high + 1)
 
     def embed(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
         check_tensor("x", x, ndim=3)

@@ -11,7 +11,9 @@ for float64 inputs) and grown when a longer sequence arrives; it is not a buffer
 with the table cast once.
 
 Negative positions: allowed; ``PE[p]`` follows the formula (a negative angle), computed
-directly instead of read from the cache.
+directly instead of read from the cache. So are positions at or beyond
+``max(max_len, TABLE_ROWS)``: the cache is bounded, and the cost follows the number of
+positions asked for, not their value.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from torch import Tensor, nn
 from posenc._checks import (
     check_even,
     check_float,
+    check_float_dtype,
     check_int,
     check_positions,
     check_probability,
@@ -32,7 +35,10 @@ from posenc._checks import (
 )
 from posenc.base import PositionalEncoding, Site, register
 
-__all__ = ["SinusoidalPositionalEncoding", "sinusoidal_table"]
+__all__ = ["TABLE_ROWS", "SinusoidalPositionalEncoding", "sinusoidal_table"]
+
+#: Rows cached at most per (device, dtype) beyond ``max_len``.
+TABLE_ROWS = 1 << 16
 
 #: Guards cache growth; module-level so that instances stay picklable and deep-copyable.
 _LOCK = threading.Lock()
@@ -46,6 +52,7 @@ def sinusoidal_table(
     Returns ``[..., C]`` in ``dtype``; angles are computed in float64 and rounded once.
     """
     positions = check_positions(positions)
+    dtype = check_float_dtype("dtype", dtype)
     d_model = check_even("d_model", d_model)
     base = check_float("base", base, positive=True)
     exponent = torch.arange(0, d_model, 2, dtype=torch.float64, device=positions.device)
@@ -100,15 +107,17 @@ class SinusoidalPositionalEncoding(PositionalEncoding):
         if dtype not in (torch.float32, torch.float64):
             return self.table(seq_len, device).to(dtype)
         device = torch.device(device or "cpu")
+        if seq_len > self._table_limit:  # too long to keep: computed, not cached
+            positions = torch.arange(seq_len, device=device)
+            return sinusoidal_table(positions, self.d_model, base=self.base, dtype=dtype)
         key = (device, dtype)
         cached = self._tables.get(key)
         if cached is None or cached.shape[0] < seq_len:
             with _LOCK:
                 cached = self._tables.get(key)
                 if cached is None or cached.shape[0] < seq_len:
-                    length = max(
-                        seq_len, self.max_len, 2 * (cached.shape[0] if cached is not None else 0)
-                    )
+                    grown = 2 * (cached.shape[0] if cached is not None else 0)
+                    length = min(max(seq_len, self.max_len, grown), self._table_limit)
                     positions = torch.arange(length, device=device)
                     cached = sinusoidal_table(positions, self.d_model, base=self.base, dtype=dtype)
                     self._tables[key] = cached  # swap in a new tensor, never mutate
@@ -116,9 +125,14 @@ class SinusoidalPositionalEncoding(PositionalEncoding):
 
     def encoding(self, positions: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
         """Encodings ``[..., C]`` in ``dtype`` for integer or float ``positions [...]``."""
-        if positions.is_floating_point() or positions.numel() == 0 or positions.min() < 0:
+        direct = positions.is_floating_point() or positions.numel() == 0
+        if direct or positions.min() < 0 or positions.max() >= self._table_limit:
             return sinusoidal_table(positions, self.d_model, base=self.base, dtype=dtype)
         return self.table(int(positions.max()) + 1, positions.device, dtype)[positions]
+
+    @property
+    def _table_limit(self) -> int:
+        return max(self.max_len, TABLE_ROWS)
 
     def embed(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
         check_tensor("x", x, ndim=3)

@@ -14,7 +14,10 @@ import torch
 from torch import Tensor
 
 from posenc._checks import (
+    check_bool,
     check_even,
+    check_float,
+    check_float_dtype,
     check_int,
     check_positions,
     check_tensor,
@@ -58,9 +61,13 @@ def rope_cos_sin(
         ``cos``, ``sin`` of shape ``[..., R/2]``.
 
     Raises:
-        TypeError: non-tensor or half-precision / bool / complex positions.
+        TypeError: non-tensor or half-precision / bool / complex positions, a
+            non-floating ``dtype``.
+        ValueError: a non-finite ``attention_scale``.
     """
-    check_positions(positions)
+    positions = check_positions(positions)
+    dtype = check_float_dtype("dtype", dtype)
+    attention_scale = check_float("attention_scale", attention_scale)
     angle_dtype = _angle_dtype(positions.device)
     freqs = inv_freq.to(device=positions.device, dtype=angle_dtype)
     angles = positions.to(angle_dtype).unsqueeze(-1) * freqs  # [..., R/2]
@@ -99,10 +106,15 @@ def rerotate_keys(
         New keys of ``k``'s shape and dtype; ``k`` is not modified.
 
     Raises:
-        ValueError: ``positions`` not of length ``T``; frequency lists of unequal lengths.
+        ValueError: ``positions`` not of length ``T``; frequency lists of unequal lengths;
+            a zero ``old`` attention scale.
     """
     check_tensor("k", k, ndim=4)
+    interleaved = check_bool("interleaved", interleaved)
     (old_freq, old_scale), (new_freq, new_scale) = old, new
+    old_scale = check_float("old attention_scale", old_scale)
+    if old_scale == 0.0:
+        raise ValueError("old attention_scale must be nonzero: keys scaled by 0 cannot be restored")
     if old_freq.shape != new_freq.shape:
         raise ValueError(
             f"old and new inv_freq differ in shape: {tuple(old_freq.shape)} "

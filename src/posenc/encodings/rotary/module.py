@@ -13,15 +13,30 @@ transformers does) and cached per ``(device, dtype)`` in a plain dict, float32 (
 for float64 inputs), grown by swapping in a longer table. Nothing is a buffer, so
 ``module.to(torch.bfloat16)`` leaves the frequencies exact.
 
-Length policy for the length-dependent scalings (dynamic NTK, LongRoPE): the frequencies
-are those of the longest length seen, ``max(position) + 1`` over every ``rotate`` call,
-which in KV-cache decoding is the total length including the cache. They change only
-when that length grows (never back, until ``reset_length()``); each change is reported
-as a ``FrequencyChange`` to the hooks of ``register_frequency_hook`` *before* the new
-queries and keys are rotated, so a cache owner can ``rerotate_keys`` its cached keys
-instead of discarding them. ``observe_length(n)`` pins the length up front, so that
-decoding up to ``n`` tokens never changes the frequencies; under context parallelism every
-rank calls it with the full length, since a shard sees only its own positions.
+Length policy for the length-dependent scalings (dynamic NTK, LongRoPE), ``length_policy``:
+
+* ``"monotone"`` (default, KV-consistent): the frequencies are those of the longest length
+  seen, ``max(position) + 1`` over every ``rotate`` call, which in KV-cache decoding is the
+  total length including the cache. They change only when that length grows (never back,
+  until ``reset_length()``); each change is reported as a ``FrequencyChange`` to the hooks of
+  ``register_frequency_hook`` *before* the new queries and keys are rotated, and a cached
+  forward (``rotate_cached``) re-rotates the cached keys (``rerotate_keys``) instead of
+  discarding them. ``observe_length(n)`` pins the length up front, so that decoding up to
+  ``n`` tokens never changes the frequencies; under context parallelism every rank calls
+  it with the full length, since a shard sees only its own positions.
+* ``"transformers"`` (a drop-in for Hugging Face models): what transformers 5 does. Dynamic
+  NTK grows with the longest length seen and returns to the original frequencies as soon
+  as a call's length is below the original length; LongRoPE picks its long or short
+  factors from each call's own length. Cached keys are not re-rotated (as in
+  transformers), so decoding across a change is not KV-consistent.
+
+Threads: every forward takes one snapshot of the frequency state and rotates queries,
+keys and (in ``rotate_cached``) the cached keys with it, so one module shared by threads
+that decode with their own caches keeps every cache consistent.
+
+Cost follows the number of positions asked for, not their value: cos/sin of positions
+below ``max(max_len, TABLE_ROWS)`` come from a cached table; larger positions are
+evaluated directly (a decode step at position 2^24 builds no 2^24-row table).
 
 Negative positions: allowed; they rotate by negative angles (computed directly, not
 cached), and ``<R_m q, R_n k>`` still depends on ``m - n`` only, so shifting every
@@ -52,7 +67,14 @@ from posenc.encodings.rotary.functional import (
 )
 from posenc.encodings.rotary.scaling import DEFAULT_BASE, ScalingSpec, resolve_scaling
 
-__all__ = ["FrequencyChange", "RotaryEmbedding"]
+__all__ = ["LENGTH_POLICIES", "TABLE_ROWS", "FrequencyChange", "RotaryEmbedding"]
+
+#: The length policies of the length-dependent scalings (module docstring).
+LENGTH_POLICIES = ("monotone", "transformers")
+
+#: Rows of cos/sin cached at most per (device, dtype) beyond ``max_len``; larger positions
+#: are evaluated directly.
+TABLE_ROWS = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -93,10 +115,14 @@ class RotaryEmbedding(PositionalEncoding):
         rotary_dim: ``R``, the number of rotated features (default ``D``).
         interleaved: pair layout: False for half-split ``(i, i + R/2)`` (GPT-NeoX, HF
             Llama), True for adjacent ``(2i, 2i + 1)`` (GPT-J, Meta's Llama).
-        max_len: cos/sin cache length built up front; longer positions grow it.
+        max_len: cos/sin cache length built up front; longer positions grow it, up to
+            ``max(max_len, TABLE_ROWS)`` rows; positions beyond are evaluated directly.
+        length_policy: ``"monotone"`` or ``"transformers"`` (module docstring); only
+            dynamic NTK and LongRoPE depend on it.
 
     Raises:
-        ValueError: odd ``head_dim``, odd or too large ``rotary_dim``, bad scaling.
+        ValueError: odd ``head_dim``, odd or too large ``rotary_dim``, bad scaling, unknown
+            ``length_policy``.
     """
 
     sites = Site.QK
@@ -110,6 +136,7 @@ class RotaryEmbedding(PositionalEncoding):
         rotary_dim: int | None = None,
         interleaved: bool = False,
         max_len: int = 2048,
+        length_policy: str = "monotone",
     ) -> None:
         super().__init__()
         params, base, rotary_dim = resolve_scaling(
@@ -120,6 +147,11 @@ class RotaryEmbedding(PositionalEncoding):
         self.head_dim, self.rotary_dim, self.base = head_dim, rotary_dim, base
         self.scaling, self.interleaved = params, interleaved
         self.max_len = check_int("max_len", max_len)
+        if length_policy not in LENGTH_POLICIES:
+            raise ValueError(
+                f"length_policy must be one of {LENGTH_POLICIES}, got {length_policy!r}"
+            )
+        self.length_policy = length_policy
         inv_freq, scale = params.inv_freq(rotary_dim, base)
         self._state = _State(0, inv_freq, float(scale))
         self._lock = threading.Lock()
@@ -154,26 +186,40 @@ class RotaryEmbedding(PositionalEncoding):
         Returns the change (also sent to the hooks) when the frequencies changed, else None.
         """
         length = check_int("length", length, minimum=0)
-        if not self.scaling.length_dependent or length <= self._state.length:
+        if not self.scaling.length_dependent:
             return None
-        return self._set_length(length)
+        return self._advance(length)[1]
 
     def reset_length(self) -> FrequencyChange | None:
         """Forget the lengths seen: back to the frequencies of the original length."""
-        return self._set_length(0)
+        return self._set_length(lambda _: 0)[1]
 
     def sync_cache(self, cache: Any, length: int) -> None:
-        """Length policy for a KV cache (dynamic NTK, LongRoPE).
+        """Length policy for a KV cache (dynamic NTK, LongRoPE; ``"monotone"`` policy).
 
         Observe ``length``; if the cached keys (``cache.keys``) were rotated with other
         frequencies than the current ones, re-rotate them (``rerotate_keys``) instead of
         discarding the cache. The record lives in the cache, so one encoding shared by
-        several layers keeps every layer's cache consistent.
+        several layers keeps every layer's cache consistent. ``rotate_cached`` does this
+        and the rotation with one snapshot; prefer it.
         """
-        if not self.scaling.length_dependent:
-            return
-        self.observe_length(length)
+        if self.scaling.length_dependent:
+            self._sync(cache, self._advance(length)[0])
+
+    def rotate_cached(
+        self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, cache: Any
+    ) -> tuple[Tensor, Tensor]:
+        """``sync_cache`` then ``rotate``, both with one snapshot of the frequencies."""
+        q_pos, k_pos = self._resolve(q, k, q_pos, k_pos)
         state = self._state
+        if self.scaling.length_dependent:
+            state = self._advance(_length_of(q_pos, k_pos))[0]
+            self._sync(cache, state)
+        return self._rotate(q, k, q_pos, k_pos, state)
+
+    def _sync(self, cache: Any, state: _State) -> None:
+        if self.length_policy != "monotone":
+            return  # transformers does not re-rotate cached keys
         current = (state.inv_freq, state.scale)
         previous = cache.rotations.get(id(self))
         if len(cache) and previous is not None and not _same_frequencies(previous, current):
@@ -182,21 +228,40 @@ class RotaryEmbedding(PositionalEncoding):
             )
         cache.rotations[id(self)] = current
 
-    def _set_length(self, length: int) -> FrequencyChange | None:
+    def _next_length(self, seen: int, length: int) -> int:
+        """The length the frequencies follow after a call reaching ``length``."""
+        if self.length_policy == "monotone":
+            return max(seen, length)
+        if self.scaling.rope_type == "longrope":
+            return length  # transformers: long or short factors from each call's length
+        original = self.scaling.original_max_position_embeddings
+        if length > seen:
+            return length
+        return 0 if length < original < seen else seen  # back to the original frequencies
+
+    def _advance(self, length: int) -> tuple[_State, FrequencyChange | None]:
+        return self._set_length(lambda seen: self._next_length(seen, length))
+
+    def _set_length(self, rule: Callable[[int], int]) -> tuple[_State, FrequencyChange | None]:
+        """Apply ``rule(seen) -> length`` atomically; returns the snapshot to use and the change."""
         with self._lock:
             old = self._state
+            length = rule(old.length)
+            if length == old.length:
+                return old, None
             inv_freq, scale = self.scaling.inv_freq(
                 self.rotary_dim, self.base, seq_len=length or None
             )
             same = float(scale) == old.scale and torch.equal(inv_freq, old.inv_freq)
             tables = old.tables if same else {}
-            self._state = _State(length, old.inv_freq if same else inv_freq, float(scale), tables)
+            new = _State(length, old.inv_freq if same else inv_freq, float(scale), tables)
+            self._state = new
         if same:
-            return None
+            return new, None
         change = FrequencyChange((old.inv_freq, old.scale), (inv_freq, float(scale)), length)
         for hook in list(self._freq_hooks.values()):
             hook(change)
-        return change
+        return new, change
 
     # ------------------------------------------------------------------ cos / sin
 
@@ -211,7 +276,8 @@ class RotaryEmbedding(PositionalEncoding):
                 cached = state.tables.get(key)
                 if cached is None or cached[0].shape[0] < length:
                     grown = 2 * cached[0].shape[0] if cached is not None else 0
-                    positions = torch.arange(max(length, self.max_len, grown), device=device)
+                    rows = min(max(length, self.max_len, grown), self._table_limit)
+                    positions = torch.arange(rows, device=device)
                     cached = rope_cos_sin(
                         positions, state.inv_freq, attention_scale=state.scale, dtype=dtype
                     )
@@ -236,10 +302,14 @@ class RotaryEmbedding(PositionalEncoding):
         if direct or positions.numel() == 0:
             return rope_cos_sin(positions, state.inv_freq, attention_scale=state.scale, dtype=dtype)
         low, high = (int(v) for v in positions.aminmax())
-        if low < 0:
+        if low < 0 or high >= self._table_limit:
             return rope_cos_sin(positions, state.inv_freq, attention_scale=state.scale, dtype=dtype)
         cos, sin = self._table(state, high + 1, positions.device, dtype)
         return cos[positions], sin[positions]
+
+    @property
+    def _table_limit(self) -> int:
+        return max(self.max_len, TABLE_ROWS)
 
     def _modulate(
         self, cos: Tensor, sin: Tensor, positions: Tensor, *, query: bool
@@ -268,14 +338,27 @@ class RotaryEmbedding(PositionalEncoding):
         Raises:
             ValueError: head_dim or batch mismatch, positions not of length ``Tq`` / ``Tk``.
         """
+        q_pos, k_pos = self._resolve(q, k, q_pos, k_pos)
+        state = self._state
+        if self.scaling.length_dependent:
+            state = self._advance(_length_of(q_pos, k_pos))[0]
+        return self._rotate(q, k, q_pos, k_pos, state)
+
+    def _resolve(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
         self._check_qk(q, k)
         same = q_pos is k_pos
         q_pos = resolve_positions(q_pos, q.shape[-2], batch=q.shape[0], name="q_pos").to(q.device)
+        if same and q.shape[-2] == k.shape[-2] and q.device == k.device:
+            return q_pos, q_pos
         k_pos = resolve_positions(k_pos, k.shape[-2], batch=k.shape[0], name="k_pos").to(k.device)
-        if self.scaling.length_dependent:
-            self.observe_length(_length_of(q_pos, k_pos))
-        state = self._state  # one snapshot: q and k see the same frequencies
+        return q_pos, k_pos
+
+    def _rotate(
+        self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, state: _State
+    ) -> tuple[Tensor, Tensor]:
+        """Rotate with one snapshot ``state``: q and k see the same frequencies."""
         cos_q, sin_q = self._cos_sin(state, q_pos, table_dtype(q.dtype))
+        same = q_pos is k_pos and table_dtype(q.dtype) == table_dtype(k.dtype)
         cos_k, sin_k = (cos_q, sin_q) if same else self._cos_sin(state, k_pos, table_dtype(k.dtype))
         cos_q, sin_q = self._modulate(cos_q, sin_q, q_pos, query=True)
         cos_k, sin_k = self._modulate(cos_k, sin_k, k_pos, query=False)
@@ -324,6 +407,7 @@ class RotaryEmbedding(PositionalEncoding):
         return state
 
     def __setstate__(self, state: dict) -> None:
+        state.setdefault("length_policy", "monotone")
         super().__setstate__(state)
         self._lock = threading.Lock()
 
@@ -331,6 +415,7 @@ class RotaryEmbedding(PositionalEncoding):
         return (
             f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base}, "
             f"scaling={self.scaling}, interleaved={self.interleaved}"
+            + (f", length_policy={self.length_policy!r}" if self.scaling.length_dependent else "")
         )
 
 
