@@ -391,11 +391,10 @@ def test_negative_positions(name):
 
 CLI_CASES = [
     (["nosuch"], "nosuch"),
-    ([], "COMMAND"),
     (["list", "--bogus"], "--bogus"),
     (["list", "extra"], "extra"),
     (["explain", "nosuch"], "nosuch"),
-    (["explain"], "encoding"),
+    (["explain"], "ENCODING"),
     (["explain", "rope", "--dim", "7"], "7"),
     (["explain", "rope", "--dim", "-4"], "-4"),
     (["explain", "alibi", "--heads", "0"], "0"),

@@ -1,52 +1,156 @@
 """The ``posenc`` command line: one subcommand per module in ``posenc.commands``.
 
-Every failure the user can cause (unknown subcommand, encoding or file; a bad option
-value) prints one line on stderr and exits with status 2, never a traceback.
+Every failure the user can cause (unknown subcommand, encoding, figure or file; a bad
+option value; a file the system refuses to read or write) prints one line on stderr,
+``posenc: error: ...``, and exits with status 2, never a traceback. ``error_line`` is the
+one place that turns an exception into that line; ``resolve_name`` is the one place that
+matches a name case-insensitively and suggests the closest known one.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
+import errno
 import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from posenc import __version__
 
 #: Subcommand modules in ``posenc.commands``; each defines ``add_parser(subparsers)``,
 #: which registers its parser and sets ``func(args) -> int | None`` as its default.
-COMMANDS = ("list", "lab", "bench", "show", "explain")
+COMMANDS = ("list", "show", "explain", "lab", "bench")
+
+#: The prefix of every error line the command line prints.
+PREFIX = "posenc: error: "
+
+#: What a file-system ``errno`` means to a user (anything else: ``os.strerror``).
+_OS_REASONS = {
+    errno.ENOSPC: "disk full",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+    errno.EROFS: "read-only file system",
+    errno.ENOENT: "no such file or directory",
+    errno.ENOTDIR: "not a directory",
+    errno.EISDIR: "is a directory",
+    errno.EEXIST: "already exists",
+    errno.ENAMETOOLONG: "file name too long",
+}
 
 
 class UsageError(Exception):
-    """A mistake in how posenc was called; reported in one line with exit status 2."""
+    """A mistake in how posenc was called; reported in one line with exit status 2.
+
+    The message carries no prefix: ``main`` adds ``posenc: error:``.
+    """
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, exit 2 (argparse prints usage too)
-        raise UsageError(f"{self.prog}: {message}")
+        command = self.prog.removeprefix("posenc").strip()
+        raise UsageError(f"{command}: {message}" if command else message)
+
+
+def suggest(name: str, choices: Iterable[str]) -> str:
+    """``"; did you mean 'x'?"`` for the closest of ``choices`` to ``name``, else ``""``."""
+    close = difflib.get_close_matches(name.lower(), list(choices), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def resolve_name(name: str, choices: Sequence[str], *, what: str) -> str:
+    """``name`` as spelled in ``choices``: exact, else case-insensitive when unambiguous.
+
+    Args:
+        name: what the user typed (``"ALiBi"``).
+        choices: the known names.
+        what: the kind of name, for the message (``"encoding"``).
+
+    Raises:
+        UsageError: no (unambiguous) match; the message names ``name`` and suggests the
+            closest known name.
+    """
+    if name in choices:
+        return name
+    folded = [c for c in choices if c.lower() == name.lower()]
+    if len(folded) == 1:
+        return folded[0]
+    raise UsageError(
+        f"unknown {what} {name!r}{suggest(name, choices)} (known: {', '.join(choices)})"
+    )
+
+
+def error_line(exc: BaseException) -> str:
+    """The one line (without newline) that reports ``exc`` to a command-line user.
+
+    ``OSError`` with an ``errno`` names the path and says what went wrong in words
+    (``disk full``, ``permission denied``, ``read-only file system``).
+    """
+    if isinstance(exc, OSError) and exc.errno is not None:
+        reason = _OS_REASONS.get(exc.errno) or (exc.strerror or str(exc)).lower()
+        paths = [str(p) for p in (exc.filename, exc.filename2) if p is not None]
+        where = " -> ".join(repr(p) for p in paths)
+        message = f"{where}: {reason}" if where else reason
+    else:
+        message = str(exc) or type(exc).__name__
+    return PREFIX + " ".join(message.split())
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="posenc", description="Positional encodings for transformers.")
+    parser = _Parser(
+        prog="posenc",
+        description="Positional encodings for transformers: tables, figures, tours, the lab.",
+        epilog="`posenc help COMMAND` (or `posenc COMMAND --help`) shows a command's options.",
+    )
     parser.add_argument("--version", action="version", version=f"posenc {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    sub.required = True
+    sub = parser.add_subparsers(
+        dest="command", metavar="COMMAND", title="commands", parser_class=_Parser
+    )
     for name in COMMANDS:
         importlib.import_module(f"posenc.commands.{name}").add_parser(sub)
+    sub.add_parser("help", help="this list, or a command's options: posenc help COMMAND")
     return parser
+
+
+def _command_name(argv: list[str]) -> list[str]:
+    """``argv`` with its command resolved case-insensitively (``LIST`` -> ``list``).
+
+    Raises:
+        UsageError: an unknown command, with the closest known one.
+    """
+    for i, arg in enumerate(argv):
+        if arg.startswith("-"):
+            continue
+        known = [*COMMANDS, "help"]
+        return [*argv[:i], resolve_name(arg, known, what="command"), *argv[i + 1 :]]
+    return argv
+
+
+def _help(parser: argparse.ArgumentParser, topics: list[str]) -> int:
+    if not topics:
+        parser.print_help()
+        return 0
+    name = resolve_name(topics[0], COMMANDS, what="command")
+    build_parser().parse_args([name, "--help"])  # prints, then exits 0
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``posenc`` console script; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = build_parser().parse_args(argv)
+        parser = build_parser()
+        argv = _command_name(argv)
+        if not argv or argv[0] == "help":
+            return _help(parser, argv[1:])
+        args = parser.parse_args(argv)
         status = args.func(args)
     except UsageError as exc:
-        print(exc, file=sys.stderr)
+        print(PREFIX + str(exc), file=sys.stderr)
         return 2
-    except (ValueError, TypeError, FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:
-        print(f"posenc: error: {exc}", file=sys.stderr)
+    except (ValueError, TypeError, OSError) as exc:
+        print(error_line(exc), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("posenc: interrupted", file=sys.stderr)

@@ -63,7 +63,7 @@ def explain(
     num_heads = check_int("num_heads", num_heads)
     out = console or Console()
     sites = " + ".join(entry.sites.names()) or "none"
-    body = Text.assemble(entry.description, "\n", (f"{entry.paper}  |  acts at: {sites}", "dim"))
+    body = Text.assemble(entry.description, "\n", (f"{entry.paper}\nacts at: {sites}", "dim"))
     _say(out, Panel(body, title=Text(name, style="bold"), expand=False))
     if entry.sites & Site.INPUT:
         enc = build_encoding(name, d_model=dim, max_len=length)
@@ -77,7 +77,7 @@ def explain(
     if entry.sites & Site.QK:
         _rotary_tour(out, enc, dim, length)
     if entry.sites & Site.SCORE:
-        _bias_tour(out, enc, dim, length, num_heads)
+        _bias_tour(out, enc, dim, length, num_heads, name=name)
     if entry.sites & Site.VALUE:
         _say(out, "It also adds a learned term to the attention output (the value site).\n")
     if not entry.sites:
@@ -96,20 +96,32 @@ def _cos(a: np.ndarray, b: np.ndarray) -> float:
     return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
-def _table(title: str, columns: list[str]) -> Table:
-    table = Table(title=Text(title, style="bold"), title_justify="left")
+def _num(value: float, spec: str) -> str:
+    """``format(value, spec)`` without the sign of a value that rounds to zero (no -0.00)."""
+    text = format(value, spec)
+    return text[1:] if text.startswith("-") and not any(c in "123456789" for c in text) else text
+
+
+def _titled(out: Console, title: str, table: Table) -> None:
+    """Print ``title`` on its own line (wrapped at words, never to the table's width)."""
+    _say(out, Text(title, style="bold"))
+    _say(out, table)
+
+
+def _table(columns: list[str]) -> Table:
+    table = Table()
     for col in columns:
         table.add_column(col, justify="right")
     return table
 
 
-def _matrix(title: str, values: np.ndarray, *, fmt: str = "{:.2f}", row: str = "") -> Table:
-    table = Table(title=Text(title, style="bold"), title_justify="left", box=None, pad_edge=False)
+def _matrix(values: np.ndarray, *, spec: str = ".2f", row: str = "") -> Table:
+    table = Table(box=None, pad_edge=False)
     table.add_column(row, justify="right", style="dim")
     for j in range(values.shape[1]):
         table.add_column(str(j), justify="right")
     for i, line in enumerate(values):
-        table.add_row(str(i), *("·" if np.isnan(v) else fmt.format(v) for v in line))
+        table.add_row(str(i), *("·" if np.isnan(v) else _num(v, spec) for v in line))
     return table
 
 
@@ -134,15 +146,8 @@ def _absolute_tour(out: Console, enc: PositionalEncoding, dim: int, length: int)
     with torch.no_grad():
         pe = enc.embed(torch.zeros(1, length, dim, dtype=torch.float64))[0].numpy()  # [L, C]
     shown = min(8, dim)
-    _say(
-        out,
-        _matrix(
-            f"Encoding values (first 10 positions x {shown} dims)",
-            pe[:10, :shown],
-            fmt="{:.3f}",
-            row="pos",
-        ),
-    )
+    title = f"Encoding values (first 10 positions x {shown} dims)"
+    _titled(out, title, _matrix(pe[:10, :shown], spec=".3f", row="pos"))
     _say(out, Text(f"\nHeatmap ({length} positions x {dim} dims)", style="bold"))
     _say(out, _heatmap(pe))
     stats = analysis.encoding_statistics(pe)
@@ -152,18 +157,15 @@ def _absolute_tour(out: Console, enc: PositionalEncoding, dim: int, length: int)
         f"{stats['min']:.4f} .. {stats['max']:.4f}\n",
     )
     dist = np.linalg.norm(pe[:8, None] - pe[None, :8], axis=-1)
-    _say(out, _matrix("Position uniqueness (pairwise L2 distances)", dist, row="pos"))
+    _titled(out, "Position uniqueness (pairwise L2 distances)", _matrix(dist, row="pos"))
     _say(out, f"closest two positions of {length}: distance {analysis.uniqueness(pe):.4f}\n")
 
-    table = _table(
-        "Relative position: PE[p+k] from PE[p]",
-        ["k", "M_k max error", "cos(step_p, step_p+1) mean", "min"],
-    )
+    table = _table(["k", "M_k max error", "cos(step_p, step_p+1) mean", "min"])
     for k in [k for k in OFFSETS if k <= length - 2]:
         err = analysis.relative_position_matrix(pe, k)[1]
         cons = analysis.difference_consistency(pe, k)
-        table.add_row(str(k), f"{err:.3e}", f"{cons['mean']:.4f}", f"{cons['min']:.4f}")
-    _say(out, table)
+        table.add_row(str(k), f"{err:.3e}", _num(cons["mean"], ".4f"), _num(cons["min"], ".4f"))
+    _titled(out, "Relative position: PE[p+k] from PE[p]", table)
     _say(
         out,
         "M_k is the sinusoidal encoding's block-diagonal rotation (error ~1e-16 only for "
@@ -222,15 +224,13 @@ def _rotary_tour(out: Console, enc: PositionalEncoding, dim: int, length: int) -
     q, k = torch.randn(2, 1, 1, 1, dim, generator=gen, dtype=torch.float64)
     offsets = [r for r in (0, 1, 2, 3, 5, 8, 13, 21, 34, 55, 89) if r < length]
     starts = (0, 10, 100)
-    table = _table(
-        "Rotated dot product q_m . k_n against the offset m - n (random q, k; seed 0)",
-        ["m - n", *(f"n = {n}" for n in starts), "same x: x_m.x_n / |x|^2"],
-    )
+    table = _table(["m - n", *(f"n = {n}" for n in starts), "same x: x_m.x_n / |x|^2"])
     for r in offsets:
         row = [_rotated_scores(enc, q, k, [n + r], [n])[0] for n in starts]
         same = _rotated_scores(enc, q, q, [r], [0])[0] / float((q * q).sum())
-        table.add_row(str(r), *(f"{v:.4f}" for v in row), f"{same:.4f}")
-    _say(out, table)
+        table.add_row(str(r), *(_num(v, ".4f") for v in row), _num(same, ".4f"))
+    title = "Rotated dot product q_m . k_n against the offset m - n (random q, k; seed 0)"
+    _titled(out, title, table)
     spread = max(
         np.ptp([_rotated_scores(enc, q, k, [n + r], [n])[0] for n in starts]) for r in offsets
     )
@@ -252,7 +252,9 @@ def _rotary_tour(out: Console, enc: PositionalEncoding, dim: int, length: int) -
 # --------------------------------------------------------------------------- SCORE site
 
 
-def _bias_tour(out: Console, enc: PositionalEncoding, dim: int, length: int, heads: int) -> None:
+def _bias_tour(
+    out: Console, enc: PositionalEncoding, dim: int, length: int, heads: int, *, name: str
+) -> None:
     gen = torch.Generator().manual_seed(0)
     q, k = torch.randn(2, 1, heads, length, dim, generator=gen)
     pos = torch.arange(length)
@@ -263,6 +265,14 @@ def _bias_tour(out: Console, enc: PositionalEncoding, dim: int, length: int, hea
         _say(out, "This encoding adds no bias to the scores.\n")
         return
     bias = bias.expand(1, heads, length, length)[0].double().numpy()  # [H, L, L]
+    if not np.any(bias):
+        _say(
+            out,
+            "Untrained, this bias is exactly zero for every head and distance: its learned "
+            "parameters start at zero, so attention is uniform until the model is trained "
+            f"(`posenc lab --encodings {name}` trains one).\n",
+        )
+        return
     content = other is not None and not np.allclose(bias, other[0].double().numpy())
     if content:
         _say(out, "The bias depends on the content: shown for random q, k (seed 0).")
@@ -270,22 +280,19 @@ def _bias_tour(out: Console, enc: PositionalEncoding, dim: int, length: int, hea
     future = np.triu(np.ones((length, length), dtype=bool), 1)
     for h in sorted({0, heads - 1}):
         shown = np.where(future & causal, np.nan, bias[h])[:8, :8]
-        _say(
-            out, _matrix(f"Bias of head {h} (query row, key column; · = masked)", shown, row="q\\k")
-        )
+        title = f"Bias of head {h} (query row, key column; · = masked)"
+        _titled(out, title, _matrix(shown, row="q\\k"))
     last = length - 1
     dists = [d for d in (0, 1, 2, 4, 8, 16, 32) if d <= last]
-    table = _table(
-        f"Last query ({last}): bias at distance d, and the attention the bias alone gives",
-        ["head", *(f"d={d}" for d in dists)],
-    )
+    table = _table(["head", *(f"d={d}" for d in dists)])
     visible = bias[:, last, :] if not causal else bias[:, last, : last + 1]
     probs = np.exp(visible - visible.max(-1, keepdims=True))
     probs /= probs.sum(-1, keepdims=True)
     for h in range(heads):
-        table.add_row(f"{h} bias", *(f"{bias[h, last, last - d]:.3f}" for d in dists))
+        table.add_row(f"{h} bias", *(_num(bias[h, last, last - d], ".3f") for d in dists))
         table.add_row(f"{h} attn", *(f"{probs[h, last - d]:.1%}" for d in dists), style="cyan")
-    _say(out, table)
+    title = f"Last query ({last}): bias at distance d, and the attention the bias alone gives"
+    _titled(out, title, table)
     _say(out, f"Without a bias every visible key gets {1 / probs.shape[-1]:.1%}.\n")
 
 

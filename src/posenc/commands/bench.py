@@ -23,7 +23,7 @@ def _suites(text: str) -> list[str]:
     unknown = [s for s in names if s not in SUITES]
     if not names or unknown:
         raise UsageError(
-            f"posenc bench: --only takes {'|'.join(SUITES)} (comma-separated), got {text!r}"
+            f"bench: --only takes {'|'.join(SUITES)} (comma-separated), got {text!r}"
         )
     return names
 

@@ -22,7 +22,7 @@ def _ints(text: str) -> list[int]:
     try:
         return [int(part) for part in text.replace(",", " ").split()]
     except ValueError:
-        raise UsageError(f"posenc lab: expected integers, got {text!r}") from None
+        raise UsageError(f"lab: expected integers, got {text!r}") from None
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -1,28 +1,84 @@
-"""``posenc list``: every registered encoding with its sites, paper and description."""
+"""``posenc list``: every registered encoding with its site, paper and description.
+
+The table has the columns of the README's encodings table, which is generated from the
+same rows (``encoding_rows``; ``posenc list --markdown`` prints it, and a test checks the
+README holds exactly that). It wraps inside the terminal (80 columns when there is no
+terminal); ``--json`` gives every field in full, the papers' titles included.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
 from posenc.base import available, info
 
+#: The columns of ``posenc list`` and of the README's encodings table.
+COLUMNS = ("name", "site", "paper", "what it does")
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("list", help="list the registered encodings")
+    p = sub.add_parser("list", help="list the registered encodings (site, paper, what it does)")
+    form = p.add_mutually_exclusive_group()
+    form.add_argument(
+        "--markdown", action="store_true", help="print the table as Markdown (the README's)"
+    )
+    form.add_argument(
+        "--json", action="store_true", help="print every field in full as JSON, one object each"
+    )
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    table = Table(title="posenc encodings")
-    for column in ("name", "sites", "paper", "description"):
-        table.add_column(column, overflow="fold")
+def encoding_rows() -> list[tuple[str, str, str, str]]:
+    """One ``(name, site, paper, what it does)`` row per registered encoding, by name.
+
+    ``paper`` is the citation's first part (authors and year), ``site`` the sites joined
+    with ``" + "`` (``"none"`` for an encoding without any).
+    """
+    rows = []
     for name in available():
         entry = info(name)
-        table.add_row(
-            name, " + ".join(entry.sites.names()) or "none", entry.paper, entry.description
-        )
-    Console(width=max(Console().width, 120)).print(table)
+        site = " + ".join(entry.sites.names()) or "none"
+        rows.append((name, site, entry.paper.split(",")[0], entry.description))
+    return rows
+
+
+def markdown_table() -> str:
+    """The rows of ``encoding_rows`` as the README's Markdown table (no trailing newline)."""
+
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|").replace("*", "\\*")
+
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|---" * len(COLUMNS) + "|"]
+    for name, *rest in encoding_rows():
+        lines.append("| " + " | ".join([f"`{name}`", *map(cell, rest)]) + " |")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.markdown:
+        print(markdown_table())
+        return 0
+    if args.json:
+        entries = [
+            {"name": n, "sites": info(n).sites.names(), "paper": info(n).paper,
+             "description": info(n).description, "class": info(n).cls.__qualname__}
+            for n in available()
+        ]  # fmt: skip
+        print(json.dumps(entries, indent=1, ensure_ascii=False))
+        return 0
+    table = Table(
+        title="posenc encodings", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False
+    )
+    table.add_column(COLUMNS[0], no_wrap=True, style="bold")
+    table.add_column(COLUMNS[1], no_wrap=True)
+    table.add_column(COLUMNS[2])
+    table.add_column(COLUMNS[3], ratio=1)
+    for row in encoding_rows():
+        table.add_row(*row)
+    Console().print(table)
     return 0

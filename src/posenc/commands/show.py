@@ -1,11 +1,12 @@
-"""``posenc show WHAT``: draw one figure (or, with ``--all``, the whole gallery)."""
+"""``posenc show WHAT``: draw one figure (or, with ``--all``, every gallery figure)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from posenc.cli import UsageError
+from posenc.base import available
+from posenc.cli import UsageError, resolve_name
 from posenc.viz.gallery import GALLERY, FigureOptions, make_figure, write_gallery
 
 
@@ -13,20 +14,35 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     figures = "\n".join(f"  {item.name:<14} {item.caption}" for item in GALLERY.values())
     p = sub.add_parser(
         "show",
-        help="draw a figure (PNG or SVG)",
-        description="Draw a figure by name, or an encoding's own figure (its table, its bias "
+        help="draw a figure of the gallery or of one encoding (PNG or SVG)",
+        description="Draw a figure by name, or an encoding's own figure (its table, its bias\n"
         "per head, or its attention maps) by the encoding's name.",
-        epilog=f"figures:\n{figures}",
+        epilog=f"figures:\n{figures}\n\nThe figures of trained models come from `posenc lab` "
+        "(its perplexity.png) and from --table.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("what", nargs="?", help="a figure or an encoding (omit with --all)")
-    p.add_argument("--all", action="store_true", help="write every figure into --out (a folder)")
-    p.add_argument("--out", help="output file (.png or .svg), or folder with --all")
-    p.add_argument("--dim", type=int, help="d_model of absolute encodings, head_dim of others")
-    p.add_argument("--len", dest="length", type=int, help="number of positions")
-    p.add_argument("--heads", type=int, help="number of attention heads")
-    p.add_argument("--table", help="a saved learned table or lab checkpoint (torch.save)")
-    p.add_argument("--dpi", type=int, default=100, help="PNG resolution (default 100)")
+    p.add_argument(
+        "what", nargs="?", metavar="WHAT", help="a figure or an encoding, any case (or --all)"
+    )
+    p.add_argument(
+        "--all", action="store_true",
+        help="write every figure that needs no trained model into the folder --out",
+    )  # fmt: skip
+    p.add_argument(
+        "--out", metavar="PATH",
+        help="output file (.png or .svg; default WHAT's file name), or folder with --all "
+        "(default figures)",
+    )  # fmt: skip
+    p.add_argument(
+        "--dim", type=int, metavar="N", help="d_model of absolute encodings, head_dim of others"
+    )
+    p.add_argument("--len", dest="length", type=int, metavar="N", help="number of positions")
+    p.add_argument("--heads", type=int, metavar="N", help="number of attention heads")
+    p.add_argument(
+        "--table", metavar="FILE",
+        help="a learned table or lab model saved with torch.save (read with weights_only=True)",
+    )  # fmt: skip
+    p.add_argument("--dpi", type=int, default=100, metavar="N", help="PNG resolution (default 100)")
     p.set_defaults(func=run)
 
 
@@ -36,14 +52,16 @@ def run(args: argparse.Namespace) -> int:
     options = FigureOptions(dim=args.dim, length=args.length, heads=args.heads, table=args.table)
     if args.all:
         if args.what:
-            raise UsageError(f"posenc show: give either WHAT ({args.what!r}) or --all, not both")
+            raise UsageError(f"show: give either WHAT ({args.what!r}) or --all, not both")
         for path in write_gallery(Path(args.out or "figures"), options, dpi=args.dpi):
             print(path)
         return 0
     if not args.what:
-        raise UsageError(f"posenc show: name a figure ({', '.join(GALLERY)}) or pass --all")
-    out = args.out or (GALLERY[args.what].filename if args.what in GALLERY else f"{args.what}.png")
+        raise UsageError(f"show: name a figure ({', '.join(GALLERY)}) or pass --all")
+    names = list(dict.fromkeys([*GALLERY, *available()]))
+    what = resolve_name(args.what, names, what="figure or encoding")
+    out = args.out or (GALLERY[what].filename if what in GALLERY else f"{what}.png")
     figure_path(out)  # a bad suffix fails before the figure is drawn
-    fig = make_figure(args.what, options)
+    fig = make_figure(what, options)
     print(save_figure(fig, out, dpi=args.dpi))
     return 0

@@ -9,6 +9,11 @@ suffix). matplotlib is imported inside the functions, so ``import posenc.viz`` i
 from __future__ import annotations
 
 import io
+import os
+import pickle
+import tempfile
+import warnings
+import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -52,26 +57,59 @@ def save_figure(fig: Figure, path: str | Path, *, dpi: int = 100) -> Path:
     """Write ``fig`` to ``path`` (``.png`` or ``.svg``, chosen by the suffix).
 
     SVGs keep their text as ``<text>`` elements and carry no date, so regenerating a
-    figure gives the same file; PNGs are written as optimised RGB.
+    figure gives the same file; PNGs are written as optimised RGB. The file is rendered in
+    memory and then replaces ``path`` atomically: an interrupted or failed write (disk
+    full) never leaves a partial figure.
 
     Raises:
         ValueError: an unsupported suffix or a non-positive ``dpi``.
+        OSError: the folder cannot be created or written (the error names the path).
     """
     import matplotlib
 
     path = figure_path(path)
     dpi = check_int("dpi", dpi)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    buffer = io.BytesIO()
     if path.suffix.lower() == ".svg":
         with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "posenc"}):
-            fig.savefig(path, dpi=dpi, metadata={"Date": None})
+            fig.savefig(buffer, format="svg", dpi=dpi, metadata={"Date": None})
     else:  # RGB (the figures are opaque) and optimised: about 10% smaller than RGBA
         from PIL import Image
 
-        buffer = io.BytesIO()
         fig.savefig(buffer, format="png", dpi=dpi)
-        Image.open(buffer).convert("RGB").save(path, optimize=True)
+        rgb = Image.open(buffer).convert("RGB")
+        buffer = io.BytesIO()
+        rgb.save(buffer, format="png", optimize=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, buffer.getvalue())
     return path
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to a temporary file beside ``path``, then rename it over ``path``.
+
+    Raises:
+        OSError: the write or the rename failed; the error names ``path`` (not the
+            temporary file), which is left as it was.
+    """
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, str(path)) from None
+    finally:
+        if tmp is not None and Path(tmp).exists():
+            Path(tmp).unlink()
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def build_encoding(name: str, *, seed: int = 0, **shape: int | bool) -> PositionalEncoding:
@@ -156,12 +194,14 @@ def load_table(path: str | Path, *, key: str | None = None) -> np.ndarray:
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        ValueError: ``key`` missing, no or several candidate tables.
+        ValueError: a file that ``torch.load(weights_only=True)`` cannot read (text, JSON,
+            empty, a pickle of other objects); ``key`` missing, no or several candidate
+            tables.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no table file {str(path)!r}")
-    obj = torch.load(path, map_location="cpu", weights_only=True)
+    obj = _load_weights(path)
     if isinstance(obj, Tensor):
         return _as_table(obj, str(path))
     if not isinstance(obj, dict):
@@ -181,9 +221,40 @@ def load_table(path: str | Path, *, key: str | None = None) -> np.ndarray:
         if usable and named and not any(torch.equal(value, v) for v in found.values()):
             found[name] = value
     if len(found) != 1:
-        what = "no position table" if not found else f"several tables ({', '.join(found)})"
-        raise ValueError(f"{str(path)!r} holds {what}; pass key= to choose one")
+        if not found:
+            raise ValueError(
+                f"{str(path)!r} holds no position table (a 2-D float tensor whose key contains "
+                f"'pos' or ends with 'encoding.weight'); keys: {', '.join(obj) or 'none'}"
+            )
+        raise ValueError(f"{str(path)!r} holds several tables ({', '.join(found)}); pass key=")
     return _as_table(*found.values(), str(path))
+
+
+def _load_weights(path: Path) -> object:
+    """``torch.load(path, weights_only=True)``; unreadable files raise one ``ValueError``.
+
+    torch's own messages advise retrying with ``weights_only=False``, which would run any
+    code in the file: they are replaced, not passed on.
+    """
+    if path.stat().st_size == 0:
+        raise ValueError(f"{str(path)!r} is empty, not a table saved with torch.save")
+    try:
+        with warnings.catch_warnings():  # pickle-protocol notes of the weights-only loader
+            warnings.simplefilter("ignore")
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except OSError:
+        raise
+    except Exception as exc:  # torch raises KeyError, EOFError, UnpicklingError, ...
+        objects = isinstance(exc, pickle.UnpicklingError) and zipfile.is_zipfile(path)
+        what = (
+            "holds objects other than tensors and plain containers"
+            if objects
+            else "is not a table saved with torch.save"
+        )
+        raise ValueError(
+            f"{str(path)!r} {what}; posenc loads tables with weights_only=True and runs no "
+            "code from a file"
+        ) from None
 
 
 def _as_table(x: Tensor | np.ndarray, name: str) -> np.ndarray:
