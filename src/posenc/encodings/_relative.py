@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from posenc._checks import check_tensor, resolve_positions
+from posenc._checks import check_float_dtype, check_tensor, resolve_positions
 
 #: ``fn(d, dtype) -> bias``: ``d [N0, 1, N1, N2]`` offsets ``q_pos - k_pos`` (int64 for
 #: integer positions, float otherwise) -> ``[N0, H, N1, N2]`` computed in ``dtype``.
@@ -31,26 +31,44 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def check_hook_inputs(
-    q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, *, num_heads: int | None = None
+    q: Tensor,
+    k: Tensor,
+    q_pos: Tensor,
+    k_pos: Tensor,
+    *,
+    num_heads: int | None = None,
+    module: nn.Module | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Validate ``q [B, H, Tq, D]``, ``k [B, H, Tk, D]`` and their positions.
+
+    ``module``: the encoding, whose parameters (if any) must be on ``q``'s device.
 
     Returns:
         ``(q_pos, k_pos)`` on ``q``'s device, each ``[T]`` or ``[B|1, T]``.
 
     Raises:
-        ValueError: wrong ranks, mismatched batch/heads/head_dim, or positions whose
-            length does not match (the message names the shapes).
-        TypeError: non-float ``q``/``k``, or bf16/fp16 positions.
+        ValueError: wrong ranks, mismatched batch/heads/head_dim, positions whose length
+            does not match (the message names the shapes), positions on the meta device,
+            or ``module``'s parameters on another device.
+        TypeError: non-float or complex ``q``/``k``, ``q`` and ``k`` of different dtypes,
+            or bf16/fp16 positions.
     """
-    check_tensor("q", q, ndim=4)
-    check_tensor("k", k, ndim=4)
+    check_tensor("q", q, ndim=4, allow_meta=True)  # the bias's shape follows from q's
+    check_tensor("k", k, ndim=4, allow_meta=True)
+    if q.dtype != k.dtype:
+        raise TypeError(f"q and k must share a dtype, got q {q.dtype} and k {k.dtype}")
     if q.shape[0] != k.shape[0] or q.shape[1] != k.shape[1] or q.shape[3] != k.shape[3]:
         raise ValueError(
             f"q {tuple(q.shape)} and k {tuple(k.shape)} must share batch, heads and head_dim"
         )
     if num_heads is not None and q.shape[1] != num_heads:
         raise ValueError(f"q has {q.shape[1]} heads, the encoding was built for {num_heads}")
+    param = next(iter(module.parameters()), None) if module is not None else None
+    if param is not None and param.device != q.device:
+        raise ValueError(
+            f"q is on {q.device} but the {type(module).__name__} parameters are on "
+            f"{param.device}; move the encoding with .to({str(q.device)!r})"
+        )
     batch = q.shape[0]
     q_pos = resolve_positions(q_pos, q.shape[2], batch=batch, device=q.device, name="q_pos")
     k_pos = resolve_positions(k_pos, k.shape[2], batch=batch, device=q.device, name="k_pos")
@@ -100,8 +118,8 @@ def consecutive_runs(q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor] | No
     The check costs one host sync; under ``torch.compile`` it is skipped (None), and the
     elementwise path, which the compiler fuses, is used instead.
     """
-    if torch.compiler.is_compiling():
-        return None
+    if torch.compiler.is_compiling() or q_pos.device.type == "meta":
+        return None  # meta tensors carry shapes only: take the elementwise path
     q_row, k_row = _shared_row(q_pos), _shared_row(k_pos)
     if q_row is None or k_row is None or q_row.is_floating_point() or k_row.is_floating_point():
         return None
@@ -128,7 +146,11 @@ def toeplitz_bias(fn: OffsetFn, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype
 
     ``fn`` sees the ``Tq + Tk - 1`` distinct offsets when both position vectors are
     consecutive integer runs (Toeplitz path), else the full offset matrix.
+
+    Raises:
+        TypeError: a non-floating ``dtype`` (an integer bias would round every slope).
     """
+    check_float_dtype("dtype", dtype)
     work = compute_dtype(dtype)
     runs = consecutive_runs(q_pos, k_pos)
     if runs is None:

@@ -10,7 +10,9 @@ logit of query position ``i`` and key position ``j``
 with the geometric slopes of the paper's code: for ``H`` a power of two,
 ``m_h = 2 ** (-8 h / H)``, ``h = 1..H``; otherwise, with ``c`` the largest power of two
 below ``H``, the ``c`` slopes of ``c`` heads followed by the first ``H - c`` of every
-other slope of ``2c`` heads (``slopes(2c)[0::2]``).
+other slope of ``2c`` heads (``slopes(2c)[0::2]``). MPT generalises the 8 to its
+``alibi_bias_max`` (``max_bias`` here); a checkpoint's own slopes (Falcon rounds them to
+bfloat16) can be passed as ``slopes``.
 
 The bias is computed from ``q_pos - k_pos`` itself, in float32 (float64 for float64
 inputs), and rounded to the output dtype once. It is *not* the row-shifted ``m * j``
@@ -29,7 +31,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from posenc._checks import check_int
+from posenc._checks import check_bool, check_float, check_float_dtype, check_int, check_tensor
 from posenc.base import PositionalEncoding, Site, register
 from posenc.encodings._relative import (
     ScoreMod,
@@ -43,27 +45,47 @@ from posenc.encodings._relative import (
 __all__ = ["ALiBi", "alibi_bias", "alibi_slopes"]
 
 
-def alibi_slopes(num_heads: int, *, dtype: torch.dtype = torch.float32) -> Tensor:
+def alibi_slopes(
+    num_heads: int, *, max_bias: float = 8.0, dtype: torch.dtype = torch.float32
+) -> Tensor:
     """The ALiBi slope of each head, ``[H]``, for any head count.
 
     Args:
         num_heads: ``H >= 1``.
-        dtype: output dtype (the slopes are computed in float64 and rounded once).
+        max_bias: ``b`` in ``m_h = 2 ** (-b h / c)`` (8 in the paper; MPT's
+            ``alibi_bias_max``).
+        dtype: a floating-point output dtype (the slopes are computed in float64 and
+            rounded once).
 
     Returns:
         ``[H]`` slopes, largest (most local head) first.
 
     Raises:
-        ValueError: ``num_heads < 1``. TypeError: a non-integer ``num_heads``.
+        ValueError: ``num_heads < 1``, a non-positive or non-finite ``max_bias``.
+        TypeError: a non-integer ``num_heads``, a non-floating ``dtype``.
     """
     num_heads = check_int("num_heads", num_heads)
+    max_bias = check_float("max_bias", max_bias, positive=True)
+    dtype = check_float_dtype("dtype", dtype)
     c = 1 << (num_heads.bit_length() - 1)  # largest power of two <= H
     h = torch.arange(1, c + 1, dtype=torch.float64)
-    slopes = torch.exp2(-8.0 * h / c)
+    slopes = torch.exp2(-max_bias * h / c)
     if c < num_heads:
         odd = torch.arange(1, 2 * (num_heads - c), 2, dtype=torch.float64)
-        slopes = torch.cat((slopes, torch.exp2(-8.0 * odd / (2 * c))))
+        slopes = torch.cat((slopes, torch.exp2(-max_bias * odd / (2 * c))))
     return slopes.to(dtype)
+
+
+def _explicit_slopes(slopes: object, num_heads: int) -> Tensor:
+    """Checked ``[H]`` float64 copy of a checkpoint's slopes."""
+    check_tensor("slopes", slopes, ndim=1)
+    if slopes.shape[0] != num_heads:
+        raise ValueError(f"slopes has {slopes.shape[0]} entries, expected num_heads={num_heads}")
+    if slopes.device.type == "meta":
+        raise ValueError("slopes must hold values; got a tensor on the meta device")
+    if not bool(torch.isfinite(slopes).all()):
+        raise ValueError("slopes must be finite")
+    return slopes.detach().to(device="cpu", dtype=torch.float64).clone()
 
 
 def _alibi_fn(slopes: Tensor, causal: bool):
@@ -80,6 +102,7 @@ def alibi_bias(
     num_heads: int,
     *,
     causal: bool = True,
+    max_bias: float = 8.0,
     dtype: torch.dtype = torch.float32,
 ) -> Tensor:
     """ALiBi bias for explicit positions.
@@ -89,17 +112,20 @@ def alibi_bias(
         k_pos: key positions ``[Tk]`` or ``[B, Tk]``.
         num_heads: ``H``.
         causal: ``-m (i - j)`` when True, ``-m |i - j|`` when False.
-        dtype: output dtype.
+        max_bias: as in ``alibi_slopes``.
+        dtype: a floating-point output dtype.
 
     Returns:
         ``[B|1, H, Tq, Tk]``.
 
     Raises:
         ValueError: ``num_heads < 1``, or positions of rank other than 1 or 2.
-        TypeError: bf16/fp16/bool positions.
+        TypeError: bf16/fp16/bool positions, a non-bool ``causal``, a non-floating
+            ``dtype``.
     """
+    causal = check_bool("causal", causal)
     q_pos, k_pos = check_position_pair(q_pos, k_pos)
-    slopes = alibi_slopes(num_heads, dtype=torch.float64).to(q_pos.device)
+    slopes = alibi_slopes(num_heads, max_bias=max_bias, dtype=torch.float64).to(q_pos.device)
     return toeplitz_bias(_alibi_fn(slopes, causal), q_pos, k_pos, dtype)
 
 
@@ -112,20 +138,35 @@ class ALiBi(PositionalEncoding):
     """ALiBi as a SCORE-site encoding (no parameters).
 
     Args:
-        num_heads: ``H``; the slopes follow ``alibi_slopes(H)``.
+        num_heads: ``H``; the slopes follow ``alibi_slopes(H, max_bias=max_bias)``.
         causal: True for ``-m (i - j)`` (keys after the query must be masked), False for
             the symmetric ``-m |i - j|``.
+        max_bias: as in ``alibi_slopes`` (MPT's ``alibi_bias_max``).
+        slopes: a checkpoint's own slopes ``[H]`` instead (e.g. Falcon's, rounded to
+            bfloat16); ``max_bias`` is then unused.
 
     Raises:
-        ValueError: ``num_heads < 1``.
+        ValueError: ``num_heads < 1``, ``slopes`` not of length ``H`` or not finite.
+        TypeError: a non-bool ``causal``; non-float ``slopes``.
     """
 
     sites = Site.SCORE
 
-    def __init__(self, num_heads: int, *, causal: bool = True) -> None:
+    def __init__(
+        self,
+        num_heads: int,
+        *,
+        causal: bool = True,
+        max_bias: float = 8.0,
+        slopes: Tensor | None = None,
+    ) -> None:
         super().__init__()
         self.num_heads = check_int("num_heads", num_heads)
-        self.causal = bool(causal)
+        self.causal = check_bool("causal", causal)
+        self.max_bias = check_float("max_bias", max_bias, positive=True)
+        if slopes is None:
+            slopes = alibi_slopes(self.num_heads, max_bias=self.max_bias, dtype=torch.float64)
+        self._base = _explicit_slopes(slopes, self.num_heads)
         self._slopes: dict[torch.device, Tensor] = {}
 
     def slopes(self, device: torch.device | str | None = None) -> Tensor:
@@ -136,7 +177,7 @@ class ALiBi(PositionalEncoding):
         device = torch.device(device or "cpu")
         cached = self._slopes.get(device)
         if cached is None:
-            cached = alibi_slopes(self.num_heads, dtype=torch.float64).to(device)
+            cached = self._base.to(device)
             self._slopes[device] = cached
         return cached
 
@@ -152,4 +193,4 @@ class ALiBi(PositionalEncoding):
         return offset_score_mod(_alibi_fn(self.slopes(device), self.causal))
 
     def extra_repr(self) -> str:
-        return f"num_heads={self.num_heads}, causal={self.causal}"
+        return f"num_heads={self.num_heads}, causal={self.causal}, max_bias={self.max_bias}"

@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from posenc._checks import check_int, check_tensor
+from posenc._checks import check_bool, check_int, check_tensor
 from posenc.base import PositionalEncoding, Site, register
 from posenc.encodings._relative import check_hook_inputs, compute_dtype
 
@@ -121,7 +121,7 @@ class CoPE(PositionalEncoding):
 
     def __init__(self, head_dim: int, *, npos_max: int = 64, causal: bool = True) -> None:
         super().__init__()
-        if not causal:
+        if not check_bool("causal", causal):
             raise ValueError("CoPE is only defined for causal attention, got causal=False")
         self.head_dim = check_int("head_dim", head_dim)
         self.npos_max = check_int("npos_max", npos_max)

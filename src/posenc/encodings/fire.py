@@ -152,7 +152,7 @@ class FIRE(PositionalEncoding):
 
     def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """``[B|1, H, Tq, Tk]`` bias in ``q``'s dtype."""
-        q_pos, k_pos = check_hook_inputs(q, k, q_pos, k_pos, num_heads=self.num_heads)
+        q_pos, k_pos = check_hook_inputs(q, k, q_pos, k_pos, num_heads=self.num_heads, module=self)
         bias = self._bias(q_pos.unsqueeze(-1), k_pos.unsqueeze(-2)).movedim(-1, -3)
         return (bias if bias.dim() == 4 else bias.unsqueeze(0)).to(q.dtype)  # [B|1, H, Tq, Tk]
 

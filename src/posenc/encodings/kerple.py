@@ -191,7 +191,7 @@ class KERPLE(PositionalEncoding):
 
     def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """``[B|1, H, Tq, Tk]`` bias in ``q``'s dtype."""
-        q_pos, k_pos = check_hook_inputs(q, k, q_pos, k_pos, num_heads=self.num_heads)
+        q_pos, k_pos = check_hook_inputs(q, k, q_pos, k_pos, num_heads=self.num_heads, module=self)
         return toeplitz_bias(_kerple_fn(self.r1, self.r2, self.kernel), q_pos, k_pos, q.dtype)
 
     def score_mod(self) -> ScoreMod:

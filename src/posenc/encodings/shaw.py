@@ -165,7 +165,7 @@ class ShawRelativePosition(PositionalEncoding):
 
     def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """``q . a^K / sqrt(D)``, ``[B, H, Tq, Tk]`` in ``q``'s dtype."""
-        q_pos, k_pos = check_hook_inputs(q, k, q_pos, k_pos)
+        q_pos, k_pos = check_hook_inputs(q, k, q_pos, k_pos, module=self)
         if q.shape[-1] != self.head_dim:
             raise ValueError(f"q has head_dim {q.shape[-1]}, expected {self.head_dim}")
         return shaw_score_bias(q, q_pos, k_pos, self.key_table)

@@ -32,7 +32,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from posenc._checks import check_int
+from posenc._checks import check_bool, check_int
 from posenc.base import PositionalEncoding, Site, register
 from posenc.encodings._relative import (
     ScoreMod,
@@ -47,6 +47,7 @@ __all__ = ["T5RelativeBias", "t5_relative_bias", "t5_relative_position_bucket"]
 
 
 def _check_buckets(num_buckets: int, max_distance: int, bidirectional: bool) -> None:
+    check_bool("bidirectional", bidirectional)
     check_int("num_buckets", num_buckets, minimum=2)
     check_int("max_distance", max_distance)
     if bidirectional and num_buckets % 2:
@@ -92,12 +93,18 @@ def t5_relative_position_bucket(
         raise TypeError(
             f"relative_position must be a torch.Tensor, got {type(relative_position).__name__}"
         )
-    if relative_position.is_floating_point() or relative_position.is_complex():
+    if (
+        relative_position.is_floating_point()
+        or relative_position.is_complex()
+        or relative_position.dtype == torch.bool
+    ):
         raise TypeError(
             f"relative_position must be an integer tensor, got dtype {relative_position.dtype}"
         )
     _check_buckets(num_buckets, max_distance, bidirectional)
-    r = relative_position.to(torch.int64)
+    # every distance >= max_distance shares the last bucket, so clamping there changes no
+    # bucket and keeps |r| from overflowing at the int64 minimum
+    r = relative_position.to(torch.int64).clamp(-max_distance, max_distance)
     if bidirectional:
         per_side = num_buckets // 2
         side = (r > 0).to(torch.int64) * per_side
@@ -197,6 +204,7 @@ class T5RelativeBias(PositionalEncoding):
     ) -> None:
         super().__init__()
         self.num_heads = check_int("num_heads", num_heads)
+        causal = check_bool("causal", causal)
         if bidirectional is None:  # a decoder spends every bucket on the past (T5's decoder)
             bidirectional = not causal
         _check_buckets(num_buckets, max_distance, bidirectional)
@@ -208,7 +216,7 @@ class T5RelativeBias(PositionalEncoding):
 
     def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """``[B|1, H, Tq, Tk]`` bias in ``q``'s dtype (integer positions only)."""
-        q_pos, k_pos = check_hook_inputs(q, k, q_pos, k_pos, num_heads=self.num_heads)
+        q_pos, k_pos = check_hook_inputs(q, k, q_pos, k_pos, num_heads=self.num_heads, module=self)
         return t5_relative_bias(
             self.relative_attention_bias.weight,
             q_pos,
