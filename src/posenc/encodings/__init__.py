@@ -7,13 +7,17 @@ from posenc.encodings.kerple import KERPLE, KERPLE_KERNELS, kerple_bias
 from posenc.encodings.learned import LearnedPositionalEncoding
 from posenc.encodings.nope import NoPE
 from posenc.encodings.rotary.apply import apply_rope
+from posenc.encodings.rotary.axial import AxialRope, axial_positions, dinov3_positions
 from posenc.encodings.rotary.functional import (
     rerotate_keys,
     rope_cos_sin,
     rope_weight_to_half_split,
     rope_weight_to_interleaved,
 )
+from posenc.encodings.rotary.mla import MLARope
 from posenc.encodings.rotary.module import FrequencyChange, RotaryEmbedding
+from posenc.encodings.rotary.mrope import MRoPE, mrope_decode_positions, mrope_position_ids
+from posenc.encodings.rotary.proportional import ProportionalScaling
 from posenc.encodings.rotary.scaling import (
     DefaultRope,
     LinearScaling,
@@ -29,6 +33,7 @@ from posenc.encodings.rotary.scaling_extended import (
     NTKScaling,
     YarnScaling,
 )
+from posenc.encodings.rotary.temperature import PositionTemperature
 from posenc.encodings.rotary.xpos import XPos, xpos_scale
 from posenc.encodings.sandwich import Sandwich, sandwich_bias
 from posenc.encodings.shaw import (
@@ -45,6 +50,7 @@ __all__ = [
     "KERPLE",
     "KERPLE_KERNELS",
     "ALiBi",
+    "AxialRope",
     "CoPE",
     "DefaultRope",
     "DynamicNTKScaling",
@@ -53,8 +59,12 @@ __all__ = [
     "LinearScaling",
     "Llama3Scaling",
     "LongRopeScaling",
+    "MLARope",
+    "MRoPE",
     "NTKScaling",
     "NoPE",
+    "PositionTemperature",
+    "ProportionalScaling",
     "RopeScaling",
     "RotaryEmbedding",
     "Sandwich",
@@ -66,11 +76,15 @@ __all__ = [
     "alibi_bias",
     "alibi_slopes",
     "apply_rope",
+    "axial_positions",
     "cope_bias",
     "cope_positions",
+    "dinov3_positions",
     "fire_bias",
     "fire_normalized_distance",
     "kerple_bias",
+    "mrope_decode_positions",
+    "mrope_position_ids",
     "rerotate_keys",
     "rope_cos_sin",
     "rope_inv_freq",

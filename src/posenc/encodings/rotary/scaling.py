@@ -61,10 +61,13 @@ class RopeScaling:
     Class attributes:
         rope_type: the registry name (the ``rope_type`` of Hugging Face configs).
         length_dependent: True when the frequencies depend on the current length.
+        rotates_full_head: True when ``partial_rotary_factor`` is a parameter of the
+            frequencies (proportional RoPE) rather than a rotary dim.
     """
 
     rope_type: ClassVar[str] = ""
     length_dependent: ClassVar[bool] = False
+    rotates_full_head: ClassVar[bool] = False
 
     def inv_freq(
         self, dim: int, base: float, *, seq_len: int | None = None
@@ -217,7 +220,7 @@ def resolve_scaling(
             if base not in (DEFAULT_BASE, theta):
                 raise ValueError(f"scaling has rope_theta={theta} but base={base} was given")
             base = theta
-        fraction = spec.pop("partial_rotary_factor", None)
+        fraction = None if _rotates_full_head(spec) else spec.pop("partial_rotary_factor", None)
         if fraction is not None:
             implied = _partial_rotary_dim(head_dim, fraction)
             if rotary_dim is not None and rotary_dim != implied:
@@ -235,6 +238,13 @@ def resolve_scaling(
     if rotary_dim > head_dim:
         raise ValueError(f"rotary_dim={rotary_dim} exceeds head_dim={head_dim}")
     return params, base, rotary_dim
+
+
+def _rotates_full_head(spec: Mapping[str, Any]) -> bool:
+    """Whether the dict's rope type keeps ``partial_rotary_factor`` as its own parameter."""
+    name = spec.get("rope_type") or spec.get("type") or "default"
+    entry = _REGISTRY.get(_ALIASES.get(name, name))
+    return entry is not None and entry[0].rotates_full_head
 
 
 def _partial_rotary_dim(head_dim: int, fraction: object) -> int:

@@ -1,0 +1,84 @@
+"""Attention temperature by position: queries scaled up logarithmically with their position
+(Meta 2025, Llama 4 "attention temperature tuning"; Mistral AI 2025, Ministral 3 /
+Mistral 4 ``llama_4_scaling_beta``), as a QK-site encoding.
+
+Shapes: ``B`` batch, ``H`` heads, ``T`` length, ``D`` head_dim. A query at position ``m``
+is multiplied by
+
+    s(m) = 1 + beta * ln(1 + floor((m + offset) / length))
+
+which is 1 for ``m + offset < length`` and grows by ``beta ln 2`` at ``length``, sharpening
+the softmax over long contexts; keys are unchanged. Transformers' forms:
+
+* Ministral 3 / Mistral 4 (every layer, with RoPE): ``beta = llama_4_scaling_beta``,
+  ``length = original_max_position_embeddings`` of ``rope_parameters``, ``offset = 0``;
+* Llama 4 (its NoPE layers, when ``attn_temperature_tuning``): ``beta = attn_scale``,
+  ``length = floor_scale``, ``offset = 1``, at the token's index in the sequence.
+
+A scalar per query commutes with any rotation, so ``Compose([rope, temperature])`` gives
+the same queries in either order. The scale is computed in float64 and the product
+rounded once to the query's dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from posenc._checks import check_float, check_int, check_tensor, resolve_positions
+from posenc.base import PositionalEncoding, Site
+
+__all__ = ["PositionTemperature", "position_temperature"]
+
+
+def position_temperature(positions: Tensor, *, beta: float, length: int, offset: int = 0) -> Tensor:
+    """``1 + beta * ln(1 + floor((positions + offset) / length))``, float64, ``positions``' shape.
+
+    Raises:
+        ValueError: ``length < 1``, non-finite ``beta``, negative ``offset``.
+    """
+    beta = check_float("beta", beta)
+    length = check_int("length", length)
+    offset = check_int("offset", offset, minimum=0)
+    shifted = positions.to(torch.float64) + offset
+    return 1.0 + beta * torch.log1p(torch.floor(shifted / length))
+
+
+class PositionTemperature(PositionalEncoding):
+    """Scale queries by ``s(position)`` (see the module docstring); keys pass through.
+
+    Args:
+        beta: the growth ``beta`` (``llama_4_scaling_beta``, Llama 4's ``attn_scale``).
+        length: the step length (``original_max_position_embeddings``, ``floor_scale``).
+        offset: added to the position before flooring (Llama 4: 1).
+
+    Raises:
+        ValueError: ``length < 1``, non-finite ``beta``, negative ``offset``.
+    """
+
+    sites = Site.QK
+
+    def __init__(self, beta: float, length: int, *, offset: int = 0) -> None:
+        super().__init__()
+        self.beta = check_float("beta", beta)
+        self.length = check_int("length", length)
+        self.offset = check_int("offset", offset, minimum=0)
+
+    def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+        """Return ``(q * s(q_pos), k)`` for ``q [B, H, Tq, D]`` at ``q_pos [Tq] | [B, Tq]``.
+
+        Raises:
+            ValueError: ``q`` not 4-D or positions not of length ``Tq``.
+        """
+        check_tensor("q", q, ndim=4)
+        check_tensor("k", k, ndim=4)
+        q_pos = resolve_positions(q_pos, q.shape[-2], batch=q.shape[0], name="q_pos")
+        scale = position_temperature(
+            q_pos.to(q.device), beta=self.beta, length=self.length, offset=self.offset
+        )  # [Tq] | [B, Tq]
+        scale = scale[..., None] if scale.dim() == 1 else scale[:, None, :, None]
+        compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+        return (q.to(compute) * scale.to(compute)).to(q.dtype), k
+
+    def extra_repr(self) -> str:
+        return f"beta={self.beta}, length={self.length}, offset={self.offset}"

@@ -1,0 +1,269 @@
+"""Position schemes beyond one rotary embedding, built from a transformers (sub-)config.
+
+Shapes: ``D`` head_dim, ``R`` rotary dim. ``build_scheme(scheme, config)`` reads the raw
+config dict (``config.to_dict()`` or a ``config.json``; for a composite model, its text or
+vision part) the way the family's own modeling code does:
+
+================== ======================================================= ==============
+scheme             families (transformers 5.23)                            encoding
+================== ======================================================= ==============
+proportional       Gemma 4 (``rope_type: proportional`` full layers)       RotaryEmbedding
+mrope              Qwen2-VL, Qwen2.5-VL (sections in blocks, half-split)   MRoPE
+mrope_interleaved  Qwen3-VL and later (cyclic sections, half-split)        MRoPE
+glm4v_mrope        GLM-4V (blocks, adjacent pairs, partial rotary)         MRoPE
+axial              Qwen-VL / GLM-4V vision towers (shared frequencies)     AxialRope
+axial_alternating  Pixtral (even frequencies rows, odd columns)            AxialRope
+dinov3             DINOv3 ViT (patch-center coordinates, prefix tokens)    AxialRope
+mla                DeepSeek-V2/V3 decoupled RoPE (``qk_rope_head_dim``)    MLARope
+temperature        Ministral 3 (RoPE), Mistral 4 (MLA): + query temperature Compose
+                   Llama 4 NoPE layers (``attn_temperature_tuning``)       PositionTemperature
+================== ======================================================= ==============
+
+Read fields: ``rope_parameters`` (v5) or ``rope_scaling`` (v4) with ``rope_theta`` inside
+or at the top level; per-layer-type dicts need ``layer_type``; M-RoPE's ``mrope_section``
+(default the family's: ``[16, 24, 24]``, ``[24, 20, 20]``, ``[8, 12, 12]``) and
+``mrope_interleaved`` (must agree with the scheme); the legacy ``type: "mrope"`` means the
+default frequencies. Any other key of the rope dict goes to the frequency scaling, which
+raises on a key it does not know (never ignored). Head dims: ``head_dim``, else
+``hidden_size // num_attention_heads`` (vision: ``embed_dim // num_heads`` when present);
+Gemma 4 layers with their own ``head_dim`` in ``per_layer_config``. DINOv3's
+training-time coordinate augmentation (``pos_embed_shift`` / ``jitter`` / ``rescale``) is
+not applied: it is the eval-mode encoding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from posenc._checks import check_int
+from posenc.base import Compose, PositionalEncoding
+from posenc.encodings.rotary.axial import AxialRope
+from posenc.encodings.rotary.mla import MLARope
+from posenc.encodings.rotary.module import RotaryEmbedding
+from posenc.encodings.rotary.mrope import MRoPE
+from posenc.encodings.rotary.scaling import DEFAULT_BASE
+from posenc.encodings.rotary.temperature import PositionTemperature
+
+__all__ = ["SCHEMES", "build_scheme"]
+
+Builder = Callable[[Mapping[str, Any], str | None, int | None], PositionalEncoding]
+
+
+def _rope_params(cfg: Mapping[str, Any], layer_type: str | None) -> dict[str, Any]:
+    """The rope dict (v5 or v4 form) for ``layer_type``, with ``rope_theta`` filled in."""
+    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    if not isinstance(params, Mapping):
+        raise TypeError(f"rope parameters must be a dict, got {type(params).__name__}")
+    nested = bool(params) and all(v is None or isinstance(v, Mapping) for v in params.values())
+    if nested:
+        if layer_type not in params or params[layer_type] is None:
+            raise ValueError(
+                f"the config has rope parameters per layer type {sorted(params)}; pass one "
+                f"with rope parameters as layer_type (got {layer_type!r})"
+            )
+        params = params[layer_type]
+    out = {k: v for k, v in params.items() if v is not None}
+    if "rope_theta" not in out:
+        out["rope_theta"] = cfg.get("rope_theta", DEFAULT_BASE)
+    if out.get("rope_type", out.get("type")) == "mrope":  # legacy Qwen2-VL name
+        out.pop("type", None)
+        out["rope_type"] = "default"
+    out.pop("max_position_embeddings", None)  # Mistral's copy of the model's; read by no type
+    return out
+
+
+def _head_dim(cfg: Mapping[str, Any], layer_idx: int | None = None) -> int:
+    if layer_idx is not None:
+        override = _per_layer(cfg).get(layer_idx, {})
+        if override.get("head_dim") is not None:
+            return check_int("head_dim", override["head_dim"])
+    if cfg.get("head_dim") is not None:
+        return check_int("head_dim", cfg["head_dim"])
+    width = cfg.get("embed_dim") or cfg.get("hidden_size")
+    heads = cfg.get("num_heads") or cfg.get("num_attention_heads")
+    if width is None or heads is None:
+        raise ValueError(
+            "config has neither head_dim nor hidden_size (embed_dim) and num_attention_heads "
+            f"(num_heads), got {width} and {heads}"
+        )
+    return check_int("hidden size", width) // check_int("heads", heads)
+
+
+def _per_layer(cfg: Mapping[str, Any]) -> dict[int, Mapping[str, Any]]:
+    """Gemma 4's ``per_layer_config`` (``{"05": {"head_dim": 512}}``) by layer index."""
+    table = cfg.get("per_layer_config") or {}
+    return {int(key): value for key, value in table.items()}
+
+
+def _layer_head_dim(cfg: Mapping[str, Any], layer_type: str | None, layer_idx: int | None) -> int:
+    """The head dim of one layer, or of every layer of ``layer_type`` (they must agree)."""
+    if layer_idx is not None or not _per_layer(cfg):
+        return _head_dim(cfg, layer_idx)
+    kinds = cfg.get("layer_types") or []
+    dims = {_head_dim(cfg, i) for i, kind in enumerate(kinds) if kind == layer_type}
+    if len(dims) != 1:
+        raise ValueError(
+            f"layers of type {layer_type!r} have head dims {sorted(dims)}; pass layer_idx"
+        )
+    return dims.pop()
+
+
+def _layer_type(
+    cfg: Mapping[str, Any], layer_type: str | None, layer_idx: int | None
+) -> str | None:
+    kinds = cfg.get("layer_types")
+    if layer_idx is not None and kinds:
+        layer_idx = check_int("layer_idx", layer_idx, minimum=0)
+        if layer_idx >= len(kinds):
+            raise ValueError(f"layer_idx={layer_idx} is out of range for {len(kinds)} layers")
+        if layer_type is not None and layer_type != kinds[layer_idx]:
+            raise ValueError(f"layer {layer_idx} is {kinds[layer_idx]!r}, not {layer_type!r}")
+        return kinds[layer_idx]
+    if layer_type is not None and kinds and layer_type not in kinds:
+        raise ValueError(f"layer_type={layer_type!r} is not one of {sorted(set(kinds))}")
+    return layer_type
+
+
+def _rotary(cfg: Mapping[str, Any], head_dim: int, params: dict[str, Any]) -> RotaryEmbedding:
+    base = params.pop("rope_theta")
+    return RotaryEmbedding(head_dim, base=base, scaling=params)
+
+
+# --------------------------------------------------------------------------- builders
+
+
+def _proportional(cfg: Mapping[str, Any], layer_type: str | None, layer_idx: int | None):
+    layer_type = _layer_type(cfg, layer_type, layer_idx)
+    params = _rope_params(cfg, layer_type)
+    return _rotary(cfg, _layer_head_dim(cfg, layer_type, layer_idx), params)
+
+
+def _mrope(default_section: list[int], *, cyclic: bool, interleaved: bool) -> Builder:
+    def build(cfg: Mapping[str, Any], layer_type: str | None, layer_idx: int | None) -> MRoPE:
+        params = _rope_params(cfg, _layer_type(cfg, layer_type, layer_idx))
+        section = params.pop("mrope_section", default_section)
+        flag = params.pop("mrope_interleaved", cyclic)
+        if bool(flag) != cyclic:
+            raise ValueError(
+                f"mrope_interleaved={flag!r} contradicts this family's M-RoPE "
+                f"(mrope_interleaved={cyclic})"
+            )
+        head_dim = _head_dim(cfg)
+        fraction = params.pop("partial_rotary_factor", None)
+        rotary_dim = None if fraction is None else int(head_dim * fraction)
+        base = params.pop("rope_theta")
+        return MRoPE(
+            head_dim,
+            mrope_section=section,
+            base=base,
+            scaling=params,
+            rotary_dim=rotary_dim,
+            interleaved=interleaved,
+            mrope_interleaved=cyclic,
+        )
+
+    return build
+
+
+def _axial(frequencies: str) -> Builder:
+    def build(cfg: Mapping[str, Any], layer_type: str | None, layer_idx: int | None) -> AxialRope:
+        params = _rope_params(cfg, layer_type)
+        kind = params.pop("rope_type", params.pop("type", "axial"))
+        if kind != "axial" or set(params) - {"rope_theta"}:
+            raise ValueError(f"a vision tower's axial RoPE takes rope_theta only, got {params}")
+        return AxialRope(_head_dim(cfg), base=params["rope_theta"], frequencies=frequencies)
+
+    return build
+
+
+def _dinov3(cfg: Mapping[str, Any], layer_type: str | None, layer_idx: int | None) -> AxialRope:
+    registers = check_int("num_register_tokens", cfg.get("num_register_tokens", 0), minimum=0)
+    return AxialRope(
+        _head_dim(cfg),
+        base=cfg.get("rope_theta", 100.0),
+        frequencies="shared",
+        num_prefix_tokens=1 + registers,
+    )
+
+
+def _mla(cfg: Mapping[str, Any], layer_type: str | None, layer_idx: int | None) -> MLARope:
+    params = _rope_params(cfg, _layer_type(cfg, layer_type, layer_idx))
+    params.pop("llama_4_scaling_beta", None)  # the temperature scheme reads it
+    rope_dim = check_int("qk_rope_head_dim", cfg.get("qk_rope_head_dim"))
+    head_dim = check_int("qk_nope_head_dim", cfg.get("qk_nope_head_dim"), minimum=0) + rope_dim
+    fraction = params.pop("partial_rotary_factor", None)
+    if fraction is not None and int(head_dim * fraction) != rope_dim:
+        raise ValueError(
+            f"partial_rotary_factor={fraction} of head dim {head_dim} is not "
+            f"qk_rope_head_dim={rope_dim}"
+        )
+    base = params.pop("rope_theta")
+    return MLARope(
+        head_dim,
+        rope_dim,
+        base=base,
+        scaling=params,
+        rope_interleave=bool(cfg.get("rope_interleave", True)),
+    )
+
+
+def _temperature(cfg: Mapping[str, Any], layer_type: str | None, layer_idx: int | None):
+    if cfg.get("attn_temperature_tuning"):  # Llama 4: the NoPE layers' temperature alone
+        return PositionTemperature(cfg["attn_scale"], cfg["floor_scale"], offset=1)
+    params = _rope_params(cfg, _layer_type(cfg, layer_type, layer_idx))
+    beta = params.pop("llama_4_scaling_beta", None)
+    length = params.get("original_max_position_embeddings")
+    if beta is None or length is None:
+        raise ValueError(
+            "the temperature scheme needs llama_4_scaling_beta and "
+            f"original_max_position_embeddings in the rope parameters, got {beta} and {length}"
+        )
+    if "qk_rope_head_dim" in cfg:  # Mistral 4: multi-head latent attention
+        rope: PositionalEncoding = _mla(cfg, layer_type, layer_idx)
+    else:
+        rope = _rotary(cfg, _head_dim(cfg), params)
+    return Compose([rope, PositionTemperature(beta, length)])
+
+
+SCHEMES: dict[str, Builder] = {
+    "proportional": _proportional,
+    "mrope": _mrope([16, 24, 24], cyclic=False, interleaved=False),
+    "mrope_interleaved": _mrope([24, 20, 20], cyclic=True, interleaved=False),
+    "glm4v_mrope": _mrope([8, 12, 12], cyclic=False, interleaved=True),
+    "axial": _axial("shared"),
+    "axial_alternating": _axial("alternating"),
+    "dinov3": _dinov3,
+    "mla": _mla,
+    "temperature": _temperature,
+}
+
+
+def build_scheme(
+    scheme: str,
+    config: Mapping[str, Any],
+    *,
+    layer_type: str | None = None,
+    layer_idx: int | None = None,
+) -> PositionalEncoding:
+    """The encoding of ``scheme`` for a raw (sub-)config dict (see the module table).
+
+    Args:
+        scheme: a name of ``SCHEMES``.
+        config: the config dict (``PretrainedConfig.to_dict()`` or ``config.json``).
+        layer_type: the layer type, for per-layer-type rope parameters (Gemma 4).
+        layer_idx: the layer, for per-layer head dims (Gemma 4); sets ``layer_type``.
+
+    Raises:
+        ValueError: unknown ``scheme`` (listing the known ones); a rope key the scheme's
+            scaling does not know; sections that do not sum to the rotary half; a
+            ``layer_type`` not in the config; missing fields.
+    """
+    if scheme not in SCHEMES:
+        raise ValueError(f"unknown scheme {scheme!r}; known schemes: {', '.join(sorted(SCHEMES))}")
+    if not isinstance(config, Mapping):
+        to_dict = getattr(config, "to_dict", None)
+        if not callable(to_dict):
+            raise TypeError(f"config must be a dict or a PretrainedConfig, got {type(config)}")
+        config = to_dict()
+    return SCHEMES[scheme](config, layer_type, layer_idx)
