@@ -1,0 +1,233 @@
+"""posenc.hf.patch on tiny random transformers models, saved and loaded back (nothing
+downloaded): the original logits and greedy tokens, scalings equal to the model built with
+them in its config, the two length policies, exact unpatch, and bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from posenc.hf.patch import patch, unpatch  # noqa: E402
+
+VOCAB, PROMPT, NEW = 61, 6, 12
+
+FAMILIES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
+    "gemma3_text": (
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        {
+            "layer_types": ["sliding_attention", "full_attention"],
+            "sliding_window": 5,
+            "head_dim": 8,
+            "rope_parameters": {
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+            },
+        },
+    ),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {"partial_rotary_factor": 0.75, "pad_token_id": 0}),
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", {"rotary_pct": 0.5}),
+    "cohere": ("CohereConfig", "CohereForCausalLM", {}),
+    "glm": ("GlmConfig", "GlmForCausalLM", {"partial_rotary_factor": 0.5, "head_dim": 8}),
+}
+
+
+def _config(family: str, **extra):
+    config_cls, _, options = FAMILIES[family]
+    base = {
+        "vocab_size": VOCAB,
+        "hidden_size": 32,
+        "intermediate_size": 48,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 64,
+        "initializer_range": 0.5,  # spread-out logits: greedy ties would not test anything
+        "eos_token_id": None,
+        "bos_token_id": None,
+        "pad_token_id": None,
+    }
+    return getattr(transformers, config_cls)(**{**base, **options, **extra})
+
+
+def _saved(tmp_path_factory, family: str, **extra):
+    """A tiny random model of ``family`` written by ``save_pretrained`` and loaded back."""
+    model_cls = getattr(transformers, FAMILIES[family][1])
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp(family)
+    model_cls(_config(family, **extra)).save_pretrained(folder)
+    return model_cls, folder
+
+
+def _load(model_cls, folder, **config_changes):
+    config = transformers.AutoConfig.from_pretrained(folder, **config_changes)
+    return model_cls.from_pretrained(folder, config=config, dtype=torch.float32).eval()
+
+
+def _close(actual, expected, length: int, layers: int = 2) -> None:
+    """Logits agree to what float32 angles allow: transformers forms ``position * inv_freq``
+    in float32 (error up to ``length`` ulps of the angle), posenc in float64."""
+    eps = torch.finfo(torch.float32).eps
+    scale = expected.abs().max().item()
+    tol = 16 * (length + layers) * eps * scale
+    torch.testing.assert_close(actual, expected, rtol=0.0, atol=tol)
+
+
+def _greedy(model, ids):
+    with torch.no_grad():
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=NEW,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+            pad_token_id=0,
+        )
+    return out.sequences, torch.stack(out.logits, dim=1)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_patched_model_gives_the_original_logits_and_tokens(family, tmp_path_factory):
+    model_cls, folder = _saved(tmp_path_factory, family)
+    model = _load(model_cls, folder)
+    ids = torch.randint(0, VOCAB, (2, 20), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = model(ids).logits
+    tokens, step_logits = _greedy(model, ids[:, :PROMPT])
+    rotary = model.base_model.rotary_emb
+    patch(model)
+    assert model.base_model.rotary_emb is not rotary
+    with torch.no_grad():
+        _close(model(ids).logits, expected, ids.shape[1])
+    patched_tokens, patched_logits = _greedy(model, ids[:, :PROMPT])
+    torch.testing.assert_close(patched_tokens, tokens, rtol=0, atol=0)
+    _close(patched_logits, step_logits, PROMPT + NEW)
+    unpatch(model)
+    assert model.base_model.rotary_emb is rotary
+    assert all("forward" not in m.__dict__ for m in model.modules())
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, expected, rtol=0, atol=0)
+
+
+SCALINGS = [
+    ("llama", {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}),
+    ("llama", {"rope_type": "linear", "factor": 3.0}),
+    ("glm", {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 16}),
+    ("cohere", {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 16}),
+    ("phi3", {"rope_type": "longrope", "short_factor": [1.0, 1.5, 2.0],
+              "long_factor": [2.0, 3.0, 4.0], "original_max_position_embeddings": 16}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("family", "scaling"), SCALINGS)
+def test_scaling_patch_equals_the_model_built_with_it(family, scaling, tmp_path_factory):
+    model_cls, folder = _saved(tmp_path_factory, family)
+    saved = transformers.AutoConfig.from_pretrained(folder).rope_parameters
+    kept = {k: v for k, v in saved.items() if k in ("rope_theta", "partial_rotary_factor")}
+    extra = {}
+    if scaling["rope_type"] == "longrope":  # Phi-3 reads it from the top level
+        extra["original_max_position_embeddings"] = 16
+    built = _load(model_cls, folder, rope_parameters={**scaling, **kept}, **extra)
+    patched = patch(_load(model_cls, folder), scaling=scaling)
+    ids = torch.randint(0, VOCAB, (1, 40), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        _close(patched(ids).logits, built(ids).logits, ids.shape[1])
+
+
+def test_scaling_per_layer_type_leaves_the_others(tmp_path_factory):
+    model_cls, folder = _saved(tmp_path_factory, "gemma3_text")
+    full = {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 16}
+    params = {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {**full, "rope_theta": 1e6},
+    }
+    built = _load(model_cls, folder, rope_parameters=params)
+    patched = patch(_load(model_cls, folder), scaling={"full_attention": full})
+    ids = torch.randint(0, VOCAB, (1, 30), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        _close(patched(ids).logits, built(ids).logits, ids.shape[1])
+
+
+DYNAMIC = {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0},
+           "max_position_embeddings": 10}  # fmt: skip
+
+
+def test_transformers_policy_reproduces_dynamic_ntk_generation(tmp_path_factory):
+    model_cls, folder = _saved(tmp_path_factory, "llama", **DYNAMIC)
+    ids = torch.randint(0, VOCAB, (1, PROMPT), generator=torch.Generator().manual_seed(4))
+    tokens, logits = _greedy(_load(model_cls, folder), ids)  # crosses the original length 10
+    patched = patch(_load(model_cls, folder), length_policy="transformers")
+    patched_tokens, patched_logits = _greedy(patched, ids)
+    torch.testing.assert_close(patched_tokens, tokens, rtol=0, atol=0)
+    _close(patched_logits, logits, PROMPT + NEW)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+def test_monotone_policy_keeps_cached_keys_consistent(family, tmp_path_factory):
+    """One layer: each decoding step equals a full forward over the whole sequence with the
+    frequencies of its length, because the cached keys were re-rotated; transformers' own
+    decoding (keys left at older frequencies) does not."""
+    layers = {"num_hidden_layers": 1}
+    if family == "gemma3_text":
+        dynamic = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}
+        layers.update(
+            layer_types=["full_attention"], sliding_window=64,
+            rope_parameters={"full_attention": dynamic, "sliding_attention": dynamic},
+            max_position_embeddings=10,
+        )  # fmt: skip
+    else:
+        layers.update(DYNAMIC)
+    model_cls, folder = _saved(tmp_path_factory, family, **layers)
+    ids = torch.randint(0, VOCAB, (2, 18), generator=torch.Generator().manual_seed(5))
+    original = _load(model_cls, folder)
+    patched = patch(_load(model_cls, folder))
+    drift = []
+    with torch.no_grad():
+        for model in (patched, original):
+            cache = transformers.DynamicCache(config=model.config)
+            model(ids[:, :8], past_key_values=cache, use_cache=True)
+            steps = []
+            for t in range(8, ids.shape[1]):
+                step = model(ids[:, t : t + 1], past_key_values=cache, use_cache=True).logits
+                full = patched(ids[:, : t + 1]).logits[:, -1:]
+                steps.append((step - full).abs().max().item() / full.abs().max().item())
+            drift.append(max(steps))
+    eps = torch.finfo(torch.float32).eps
+    assert drift[0] <= 64 * ids.shape[1] * eps
+    assert drift[1] > 1e3 * drift[0]
+
+
+def test_unsupported_family_and_bad_scalings_raise(tmp_path_factory):
+    gpt2 = transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(vocab_size=VOCAB, n_embd=16, n_layer=1, n_head=2)
+    )
+    with pytest.raises(ValueError, match="gpt2"):
+        patch(gpt2)
+    model_cls, folder = _saved(tmp_path_factory, "phi3")
+    model = _load(model_cls, folder)
+    bad_lists = {"rope_type": "longrope", "short_factor": [1.0], "long_factor": [2.0],
+                 "original_max_position_embeddings": 16}  # fmt: skip
+    with pytest.raises(ValueError, match=r"phi3.*longrope factor lists have 1"):
+        patch(model, scaling=bad_lists)
+    with pytest.raises(ValueError, match=r"phi3.*unknown rope_type 'wavy'"):
+        patch(model, scaling={"rope_type": "wavy", "factor": 2})
+    with pytest.raises(ValueError, match=r"phi3.*llama3"):
+        patch(model, scaling={"rope_type": "llama3", "factor": 2})
+    with pytest.raises(TypeError, match="scaling must be a dict"):
+        patch(model, scaling="yarn")
+    with pytest.raises(ValueError, match="length_policy"):
+        patch(model, length_policy="sometimes")
+    assert "forward" not in model.model.layers[0].self_attn.__dict__  # nothing half patched
+    with pytest.raises(ValueError, match="not patched"):
+        unpatch(model)
+    patch(model)
+    with pytest.raises(ValueError, match="already patched"):
+        patch(model)
+    with pytest.raises(TypeError, match="transformers model"):
+        patch(torch.nn.Linear(2, 2))
