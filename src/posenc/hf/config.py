@@ -2,35 +2,55 @@
 
 Shapes: ``D`` head_dim, ``R`` rotary dim. The fields read, as transformers reads them:
 
+* ``model_type`` picks the family (``posenc.hf.families``): pair layout, head-dim source,
+  partial-rotary rule, the family's own position fields. A config without ``model_type``
+  (a hand-written dict) reads as Llama-style; a composite model's config (``text_config``)
+  is read through its text sub-config;
 * ``rope_parameters`` (transformers v5) or ``rope_scaling`` (v4, most ``config.json``
   files): ``rope_type`` (legacy ``type``) and the scaling's keys; per-layer-type dicts
   (e.g. ``{"full_attention": {...}, "sliding_attention": {...}}``) need ``layer_type``;
+  a v4 Gemma 3 ``rope_local_base_freq`` is the default-RoPE base of sliding layers;
 * ``rope_theta`` (inside the dict in v5; GPT-NeoX: ``rotary_emb_base``), default 10000;
-* ``partial_rotary_factor`` (GPT-NeoX: ``rotary_pct``): ``R = int(D * factor)``;
-* ``head_dim``, else ``hidden_size // num_attention_heads``;
+* ``partial_rotary_factor`` (GPT-NeoX: ``rotary_pct``): ``R = int(D * factor)``; GPT-J and
+  CodeGen: ``R = rotary_dim``;
 * ``max_position_embeddings``: the dynamic-NTK original length, and the default of
   ``original_max_position_embeddings`` (yarn, llama3, longrope), whose top-level value
   takes priority over the dict's (Phi-3); yarn/longrope without ``factor`` use
   ``max_position_embeddings / original_max_position_embeddings``.
 
-Every Hugging Face RoPE model rotates half-split pairs (the Llama conversion permutes
-Meta's interleaved weights, see ``rope_weight_to_half_split``), hence
-``interleaved=False`` by default.
+A field that changes positions and that the family's entry does not list raises
+``ValueError`` (never ignored): see ``check_position_fields``.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from posenc._checks import check_int
+from posenc._checks import check_bool, check_int
 from posenc.encodings.rotary.module import RotaryEmbedding
 from posenc.encodings.rotary.scaling import DEFAULT_BASE, RopeScaling, resolve_scaling
+from posenc.hf.families import FAMILIES, Family, family
 
-__all__ = ["HFRopeConfig", "parse_hf_rope_config", "rope_from_hf_config"]
+__all__ = [
+    "HFRopeConfig",
+    "as_config_dict",
+    "check_position_fields",
+    "config_family",
+    "layer_types_of",
+    "parse_hf_rope_config",
+    "rope_from_hf_config",
+]
 
 _ORIGINAL = "original_max_position_embeddings"
+_POSITION_FIELD = re.compile(r"rope|rotary|pos_emb|position_embedding_type|theta|scaling_beta")
+_READ = frozenset(
+    {"rope_parameters", "rope_scaling", "rope_theta", "rotary_emb_base", "partial_rotary_factor",
+     "rotary_pct"}
+)  # fmt: skip
+SUB_CONFIGS = ("text_config", "thinker_config")  # where a composite keeps its text model
 
 
 @dataclass(frozen=True)
@@ -41,20 +61,32 @@ class HFRopeConfig:
     rotary_dim: int
     base: float
     scaling: RopeScaling
+    interleaved: bool = False
 
-    def build(self, *, interleaved: bool = False, max_len: int = 2048) -> RotaryEmbedding:
-        """The ``RotaryEmbedding`` with these settings."""
+    def __post_init__(self) -> None:
+        check_bool("interleaved", self.interleaved)
+
+    def build(
+        self,
+        *,
+        interleaved: bool | None = None,
+        max_len: int = 2048,
+        length_policy: str = "transformers",
+    ) -> RotaryEmbedding:
+        """The ``RotaryEmbedding`` with these settings (``interleaved=None``: the family's)."""
         return RotaryEmbedding(
             self.head_dim,
             base=self.base,
             scaling=self.scaling,
             rotary_dim=self.rotary_dim,
-            interleaved=interleaved,
+            interleaved=self.interleaved if interleaved is None else interleaved,
             max_len=max_len,
+            length_policy=length_policy,
         )
 
 
-def _as_dict(config: object) -> dict[str, Any]:
+def as_config_dict(config: object) -> dict[str, Any]:
+    """``config`` (a ``config.json`` dict or a ``PretrainedConfig``) as a plain dict."""
     if isinstance(config, Mapping):
         return dict(config)
     to_dict = getattr(config, "to_dict", None)
@@ -66,23 +98,78 @@ def _as_dict(config: object) -> dict[str, Any]:
     )
 
 
+def config_family(config: object) -> tuple[dict[str, Any], Family]:
+    """The config dict whose positions are read (a composite's text part) and its family.
+
+    Raises:
+        ValueError: unknown ``model_type`` (see ``posenc.hf.families.family``).
+        TypeError: ``config`` of another type.
+    """
+    cfg = as_config_dict(config)
+    while "model_type" in cfg and cfg["model_type"] not in FAMILIES:
+        sub = next((cfg[k] for k in SUB_CONFIGS if cfg.get(k) is not None), None)
+        if sub is None:
+            break
+        cfg = as_config_dict(sub)
+    if "model_type" not in cfg:
+        return cfg, Family()  # a hand-written dict: Llama-style
+    return cfg, family(cfg["model_type"])
+
+
+def check_position_fields(cfg: Mapping[str, Any], fam: Family) -> None:
+    """Raise on a set field that changes positions and that ``fam`` does not read.
+
+    A field is position-changing when its name mentions rope, rotary, pos_emb,
+    position_embedding_type, theta or scaling_beta; None, False and empty values are unset.
+
+    Raises:
+        ValueError: naming the field, its value and the model_type.
+    """
+    for name, value in cfg.items():
+        if name in _READ or name in fam.fields or not _POSITION_FIELD.search(name):
+            continue
+        if value is None or value is False or value == [] or value == {}:
+            continue
+        raise ValueError(
+            f"config field {name}={value!r} changes positions, and posenc does not read it "
+            f"for model_type {cfg.get('model_type')!r}; build the encoding explicitly"
+        )
+    kind = cfg.get("position_embedding_type")
+    if "position_embedding_type" in fam.fields and kind not in (None, "rotary"):
+        raise ValueError(f"position_embedding_type={kind!r} is not rotary; this config has no RoPE")
+
+
 def _first(*values: object) -> Any:
     return next((v for v in values if v is not None), None)
 
 
-def _head_dim(cfg: Mapping[str, Any]) -> int:
-    if cfg.get("head_dim") is not None:
-        return check_int("head_dim", cfg["head_dim"])
-    hidden, heads = cfg.get("hidden_size"), cfg.get("num_attention_heads")
+def _head_dim(cfg: Mapping[str, Any], fam: Family) -> int:
+    for name in fam.head_dim:
+        if cfg.get(name) is not None:
+            return check_int(name, cfg[name])
+    hidden, heads = cfg.get(fam.hidden), cfg.get(fam.heads)
     if hidden is None or heads is None:
+        direct = " or ".join(fam.head_dim) or "a head dim field"
         raise ValueError(
-            "config has neither head_dim nor hidden_size and num_attention_heads, "
-            f"got hidden_size={hidden}, num_attention_heads={heads}"
+            f"config has neither {direct} nor {fam.hidden} and {fam.heads}, "
+            f"got {fam.hidden}={hidden}, {fam.heads}={heads}"
         )
-    hidden, heads = check_int("hidden_size", hidden), check_int("num_attention_heads", heads)
-    if hidden % heads:
-        raise ValueError(f"hidden_size={hidden} is not a multiple of num_attention_heads={heads}")
-    return hidden // heads
+    return check_int(fam.hidden, hidden) // check_int(fam.heads, heads)
+
+
+def layer_types_of(cfg: Mapping[str, Any]) -> list[str] | None:
+    """``layer_types``, or those of a v4 Gemma 3 ``sliding_window_pattern`` (every
+    ``pattern``-th layer full attention, the others sliding), or None."""
+    kinds = cfg.get("layer_types")
+    if kinds:
+        return list(kinds)
+    pattern, layers = cfg.get("sliding_window_pattern"), cfg.get("num_hidden_layers")
+    if pattern and layers:
+        return [
+            "full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+            for i in range(layers)
+        ]
+    return None
 
 
 def _rope_parameters(cfg: Mapping[str, Any], layer_type: str | None) -> dict[str, Any]:
@@ -91,9 +178,14 @@ def _rope_parameters(cfg: Mapping[str, Any], layer_type: str | None) -> dict[str
         raise TypeError(f"rope parameters must be a dict, got {type(params).__name__}")
     nested = bool(params) and all(v is None or isinstance(v, Mapping) for v in params.values())
     if not nested:
-        if layer_type is not None:
+        local = cfg.get("rope_local_base_freq")
+        if layer_type == "sliding_attention" and local is not None:  # Gemma 3 (v4 form)
+            return {"rope_type": "default", "rope_theta": local}
+        kinds = sorted(set(layer_types_of(cfg) or ()))
+        if layer_type is not None and layer_type not in kinds:
             raise ValueError(
-                f"layer_type={layer_type!r} given, but the config has one set of rope parameters"
+                f"layer_type={layer_type!r} given, but the config has one set of rope "
+                f"parameters and layer types {kinds}"
             )
         return dict(params)
     if layer_type not in params:
@@ -113,6 +205,12 @@ def _max_positions(cfg: Mapping[str, Any], rope_type: str) -> int:
     return check_int("max_position_embeddings", value)
 
 
+def _interleaved(cfg: Mapping[str, Any], fam: Family) -> bool:
+    if fam.layout == "rope_interleave":
+        return bool(cfg.get("rope_interleave", True))
+    return fam.layout == "interleaved"
+
+
 def parse_hf_rope_config(config: object, *, layer_type: str | None = None) -> HFRopeConfig:
     """Read the RoPE settings of a Hugging Face config (see the module docstring).
 
@@ -124,12 +222,19 @@ def parse_hf_rope_config(config: object, *, layer_type: str | None = None) -> HF
         The parsed ``HFRopeConfig``.
 
     Raises:
-        ValueError: missing head size fields, unknown ``rope_type`` (listing the known
-            ones), missing or invalid scaling keys, an odd rotary dim.
+        ValueError: unknown ``model_type``, a position field the family does not read,
+            missing head size fields, unknown ``rope_type`` (listing the known ones),
+            missing or invalid scaling keys, an odd rotary dim.
         TypeError: ``config`` of another type.
     """
-    cfg = _as_dict(config)
-    head_dim = _head_dim(cfg)
+    cfg, fam = config_family(config)
+    if fam.scheme is not None:
+        raise ValueError(
+            f"model_type {cfg['model_type']!r} uses the {fam.scheme!r} scheme, not plain RoPE; "
+            "use posenc.from_hf_config"
+        )
+    check_position_fields(cfg, fam)
+    head_dim = _head_dim(cfg, fam)
     params = _rope_parameters(cfg, layer_type)
     theta = _first(
         params.pop("rope_theta", None), cfg.get("rope_theta"), cfg.get("rotary_emb_base")
@@ -153,32 +258,41 @@ def parse_hf_rope_config(config: object, *, layer_type: str | None = None) -> HF
                 f"uses max_position_embeddings={length} for dynamic NTK; remove one of them"
             )
     spec = {**params, "rope_theta": _first(theta, DEFAULT_BASE)}
-    if fraction is not None:
+    rotary_dim = None
+    if fam.rotary != "fraction":
+        rotary_dim = cfg.get(fam.rotary)
+        rotary_dim = head_dim if rotary_dim is None else check_int(fam.rotary, rotary_dim)
+    elif fraction is not None:
         spec["partial_rotary_factor"] = fraction
-    scaling, base, rotary_dim = resolve_scaling(spec, head_dim=head_dim, base=DEFAULT_BASE)
-    return HFRopeConfig(head_dim=head_dim, rotary_dim=rotary_dim, base=base, scaling=scaling)
+    scaling, base, rotary_dim = resolve_scaling(
+        spec, head_dim=head_dim, base=DEFAULT_BASE, rotary_dim=rotary_dim
+    )
+    return HFRopeConfig(head_dim, rotary_dim, base, scaling, _interleaved(cfg, fam))
 
 
 def rope_from_hf_config(
     config: object,
     *,
     layer_type: str | None = None,
-    interleaved: bool = False,
+    interleaved: bool | None = None,
     max_len: int = 2048,
+    length_policy: str = "transformers",
 ) -> RotaryEmbedding:
-    """Build the ``RotaryEmbedding`` a Hugging Face model uses.
+    """Build the ``RotaryEmbedding`` a Hugging Face model uses (RoPE families only).
 
     Args:
         config: a ``config.json`` dict or a ``transformers.PretrainedConfig``.
         layer_type: which per-layer-type rope parameters to use, when there are several.
-        interleaved: pair layout (Hugging Face checkpoints are half-split: False).
+        interleaved: pair layout; None (default) takes the family's from ``model_type``.
         max_len: cos/sin cache length built up front.
+        length_policy: ``"transformers"`` (a drop-in: dynamic NTK / LongRoPE follow each
+            call's length) or ``"monotone"`` (KV-cache consistent); see ``RotaryEmbedding``.
 
     Returns:
-        A ``RotaryEmbedding`` giving transformers' ``inv_freq`` and attention factor.
+        A ``RotaryEmbedding`` giving transformers' ``inv_freq``, attention factor and layout.
 
     Raises:
         ValueError, TypeError: see ``parse_hf_rope_config``.
     """
     parsed = parse_hf_rope_config(config, layer_type=layer_type)
-    return parsed.build(interleaved=interleaved, max_len=max_len)
+    return parsed.build(interleaved=interleaved, max_len=max_len, length_policy=length_policy)

@@ -17,7 +17,8 @@ pair ``i`` is ``lambda_i = 2 pi / theta_i`` and it turns ``L0 / lambda_i`` times
   ``mscale(s, mscale) / mscale(s, mscale_all_dim)`` (DeepSeek-V2) when both are given.
 * Llama 3 (Meta 2024, Llama 3.1 release): ``lambda_i < L0 / high_freq_factor`` keeps
   ``theta_i``; ``lambda_i > L0 / low_freq_factor`` uses ``theta_i / s``; in between
-  ``(1 - a) theta_i / s + a theta_i`` with ``a = (L0 / lambda_i - low) / (high - low)``.
+  ``(1 - a) theta_i / s + a theta_i`` with ``a = (L0 / lambda_i - low) / (high - low)``;
+  ``low == high`` (Llama 4 Scout: 1, 1) has no band in between.
 * LongRoPE (Ding et al. 2024, "LongRoPE: Extending LLM Context Window Beyond 2 Million
   Tokens", sec. 3): ``theta_i / f_i`` with searched per-pair factors ``f_i``, the short
   list up to ``L0`` and the long list beyond; attention scale ``sqrt(1 + ln s / ln L0)``.
@@ -162,9 +163,10 @@ class Llama3Scaling(RopeScaling):
         set_(self, "factor", self._factor(self.factor))
         low = check_float("llama3 low_freq_factor", self.low_freq_factor, positive=True)
         high = check_float("llama3 high_freq_factor", self.high_freq_factor, positive=True)
-        if high <= low:
+        if high < low:  # equal: no smoothed band (Llama 4 Scout)
             raise ValueError(
-                f"llama3 high_freq_factor must exceed low_freq_factor, got {high} <= {low}"
+                "llama3 high_freq_factor must exceed low_freq_factor or equal it, "
+                f"got {high} < {low}"
             )
         set_(self, "low_freq_factor", low)
         set_(self, "high_freq_factor", high)
@@ -268,7 +270,7 @@ def llama3_inv_freq(
     length = params.original_max_position_embeddings
     low, high = params.low_freq_factor, params.high_freq_factor
     wavelength = 2 * math.pi / theta
-    mix = (length / wavelength - low) / (high - low)
+    mix = (length / wavelength - low) / (high - low) if high > low else torch.zeros_like(theta)
     smoothed = (1.0 - mix) * theta / params.factor + mix * theta
     inv_freq = torch.where(wavelength > length / low, theta / params.factor, smoothed)
     inv_freq = torch.where(wavelength < length / high, theta, inv_freq)

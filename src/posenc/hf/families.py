@@ -1,0 +1,193 @@
+"""The model-family table: how each transformers ``model_type`` places positions.
+
+Shapes: ``D`` head_dim, ``R`` rotary dim. One ``Family`` per ``model_type`` says
+
+* ``layout``: ``"half"`` pairs ``(i, i + R/2)`` (``rotate_half``, GPT-NeoX, HF Llama),
+  ``"interleaved"`` pairs ``(2i, 2i + 1)`` (``repeat_interleave`` or complex ``freqs_cis``:
+  Cohere, GLM, Helium, ERNIE 4.5, Llama 4, GPT-J), or ``"rope_interleave"``: the config
+  field of that name decides (DeepSeek-V3 and the other MLA models, default interleaved);
+* ``head_dim``: the fields giving ``D`` directly, first one set wins, else
+  ``hidden // heads`` (floor, as transformers' attention modules compute it) with the
+  family's ``hidden`` and ``heads`` field names (GPT-J/CodeGen ``n_embd``/``n_head``, DBRX
+  ``d_model``/``n_heads``, JetMoE ``kv_channels``, Zamba2 ``attention_head_dim``, MLA
+  ``qk_rope_head_dim``: the rotated part of each head, which is its last features);
+* ``rotary``: ``"fraction"`` (``R = int(D * f)``, ``f`` from ``partial_rotary_factor`` or
+  GPT-NeoX's ``rotary_pct``) or the field that holds ``R`` itself (GPT-J/CodeGen
+  ``rotary_dim``; dots.llm ``qk_rope_head_dim``); the rotated features are the first ``R``;
+* ``scheme``: built by ``posenc.hf.schemes.build_scheme`` instead (M-RoPE, 2-D axial,
+  proportional p-RoPE, position temperature);
+* ``layers``: the per-layer rule of ``posenc.hf.layer_plan``: ``"no_rope_layers"`` (Llama 4,
+  SmolLM3: 0 marks a NoPE layer), ``"sliding_rope"`` (Cohere2: only sliding-window layers
+  rotate), ``"layer_rope_theta"`` (Granite SWA: a base per layer, 0 for NoPE),
+  ``"rope_scaling_layers"`` (Molmo 2: the scaling only on the listed layers);
+* ``fields``: the family's own position fields that posenc reads. Any other config field
+  whose name mentions rope/rotary/positions with a value set raises ``ValueError``.
+
+``FAMILIES`` is the table; ``family(model_type)`` looks it up and names the way out (pass
+the layout explicitly to ``posenc.RotaryEmbedding``) for a ``model_type`` it lacks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["FAMILIES", "LAYOUTS", "Family", "family"]
+
+LAYOUTS = ("half", "interleaved", "rope_interleave")
+
+
+@dataclass(frozen=True)
+class Family:
+    """How one model family places positions (see the module docstring)."""
+
+    layout: str = "half"
+    head_dim: tuple[str, ...] = ("head_dim",)
+    hidden: str = "hidden_size"
+    heads: str = "num_attention_heads"
+    rotary: str = "fraction"
+    scheme: str | None = None
+    layers: str | None = None
+    fields: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
+
+    @property
+    def summary(self) -> str:
+        """One line for ``posenc list --models``: the scheme or the layout and its rules."""
+        if self.scheme:
+            return self.scheme
+        parts = [{"rope_interleave": "rope_interleave field"}.get(self.layout, self.layout)]
+        if self.rotary != "fraction":
+            parts.append(self.rotary)
+        if self.layers:
+            parts.append(self.layers)
+        return ", ".join(parts)
+
+
+HALF = Family()
+INTERLEAVED = Family(layout="interleaved")
+MLA = Family(
+    layout="rope_interleave",
+    head_dim=("qk_rope_head_dim",),
+    fields=frozenset({"qk_rope_head_dim", "rope_interleave"}),
+)
+GPTJ = Family(
+    layout="interleaved",
+    head_dim=(),
+    hidden="n_embd",
+    heads="n_head",
+    rotary="rotary_dim",
+    fields=frozenset({"rotary_dim"}),
+)
+
+_HALF_SPLIT = """
+afmoe apertus arcee aria_text bamba bitnet chameleon csm cwm deepseek_ocr2_text diffllama
+doge dots1 dots3_note_audio_encoder eurobert exaone4 exaone_moe falcon
+falcon_h1 flex_olmo flint gemma gemma2 gpt_neox gpt_neox_japanese gradium_phonon_tts granite
+granite4_vision_text granite_docling_text granitemoe granitemoehybrid granitemoeshared gte
+higgs_audio_v2 hrm_text hunyuan_v1_dense hunyuan_v1_moe hy_v3 hyperclovax idefics jais2
+jina_embeddings_v3 kolibri1 kyutai_speech_to_text laguna lasr_encoder lfm2 lfm2_moe llama
+mellum mimi mimo_v2_flash minimax minimax_m2 ministral mistral mixtral mllama_text_model
+modernbert modernbert-decoder molmo2_text moshi muse_glimmer_assistant nemotron
+nemotron3_5_transcribe_asr_audio neucodec nomic_bert olmo olmo2 olmo3 olmo_hybrid olmoe
+persimmon phi phi3 phi4_multimodal phimoe pocket_tts pocket_tts_audio_tokenizer qwen2
+qwen2_5_omni_dit qwen2_moe qwen3 qwen3_moe qwen3_next recurrent_gemma seed_oss solar_open
+stablelm starcoder2 t5gemma2_text timesfm2_5 ultrabert unlimited_ocr_text vaultgemma xcodec2
+zaya lfm3 beam glm4_moe esmc gpt_oss emu3_text_model step3p5 voxtral_realtime_text
+"""
+_INTERLEAVED = """
+cohere cohere2_moe ernie4_5 ernie4_5_moe glm glm4 glm_ocr_text helium moonshine_streaming
+pe_audio_encoder pe_audio_video_encoder pe_video_encoder openai_privacy_filter
+"""
+_MLA = """
+axk1 axk2 bailing_hybrid deepseek_v2 deepseek_v3 deepseek_v32 glm4_moe_lite glm_moe_dsa
+longcat_flash youtu
+"""
+_MROPE = """
+qwen2_vl qwen2_vl_text qwen2_5_vl qwen2_5_vl_text qwen2_5_omni qwen2_5_omni_thinker
+qwen2_5_omni_text qwen3_vl qwen3_vl_text qwen3_vl_moe qwen3_vl_moe_text qwen3_5 qwen3_5_text
+qwen3_5_moe qwen3_5_moe_text qwen3_omni_moe qwen3_omni_moe_text qwen4_exp qwen4_exp_text
+glm4v glm4v_text glm4v_moe glm4v_moe_text glm_image glm_image_text glm_ocr ernie4_5_vl_moe
+ernie4_5_vl_moe_text paddleocr_vl paddleocr_vl_text cosmos3_edge cosmos3_edge_text hunyuan_vl
+hunyuan_vl_text neomme cohere_compass cohere_compass_text
+"""
+_AXIAL = """
+pixtral qwen2_vl_vision qwen2_5_vl_vision qwen3_vl_vision qwen3_vl_moe_vision qwen3_5_vision
+qwen3_5_moe_vision qwen4_exp_vision glm4v_vision glm4v_moe_vision glm_ocr_vision
+glm5_next_vision gemma4_vision mlcd_vision_model kimi_k25_vision lfm3_vl_vision
+minimax_m3_vl_vision muse_glimmer_vision muse_spark_vision paddleocr_vl_vision
+inkling2_vision video_llama_3_vision dots3_note_vision_encoder sam3_vit_model step3p5_vision
+eomt_dinov3 exaone4_5_vision ernie4_5_vl_moe_vision llama4_vision_model
+qwen2_5_omni_vision_encoder qwen3_omni_moe_vision_encoder deepseek_ocr2_vision cohere_compass_vision
+"""
+_PROPORTIONAL = "gemma4 gemma4_text gemma4_unified gemma4_unified_text diffusion_gemma_text"
+_TEMPERATURE = "ministral3 mistral4"
+
+FAMILIES: dict[str, Family] = {
+    **dict.fromkeys(_HALF_SPLIT.split(), HALF),
+    **dict.fromkeys(_INTERLEAVED.split(), INTERLEAVED),
+    **dict.fromkeys(_MLA.split(), MLA),
+    **{name: Family(scheme="mrope") for name in _MROPE.split()},
+    **{name: Family(scheme="axial") for name in _AXIAL.split()},
+    **{name: Family(scheme="proportional") for name in _PROPORTIONAL.split()},
+    **{name: Family(scheme="temperature") for name in _TEMPERATURE.split()},
+    "gptj": GPTJ,
+    "codegen": GPTJ,
+    "cohere2": Family(layout="interleaved", layers="sliding_rope"),
+    "dbrx": Family(head_dim=(), hidden="d_model", heads="n_heads"),
+    "jetmoe": Family(head_dim=("kv_channels",), fields=frozenset({"kv_channels"})),
+    "zamba2": Family(head_dim=("attention_head_dim",), fields=frozenset({"use_mem_rope"})),
+    "moonshine": Family(layout="interleaved", heads="encoder_num_attention_heads"),
+    "dots3_note_text": Family(
+        layout="interleaved", rotary="qk_rope_head_dim", fields=frozenset({"qk_rope_head_dim"})
+    ),
+    # transformers rotates the whole head; its rotary_dim field is not read by the model
+    "minimax_m3_vl_text": Family(fields=frozenset({"rotary_dim"})),
+    "hy_v4": Family(head_dim=("qk_rope_head_dim",), fields=frozenset({"qk_rope_head_dim"})),
+    "molmo2_text": Family(layers="rope_scaling_layers", fields=frozenset({"rope_scaling_layers"})),
+    "minicpm3": Family(head_dim=("qk_rope_head_dim",), fields=frozenset({"qk_rope_head_dim"})),
+    "mistral_large4_text": Family(
+        layout="interleaved",
+        head_dim=("qk_rope_head_dim",),
+        layers="no_rope_layers",
+        fields=frozenset({"qk_rope_head_dim", "no_rope_layers", "no_rope_layer_interval"}),
+    ),
+    **dict.fromkeys(
+        ("gemma3_text", "gemma3n_text", "t5gemma2_text"),
+        Family(fields=frozenset({"rope_local_base_freq"})),
+    ),
+    "smollm3": Family(
+        layers="no_rope_layers", fields=frozenset({"no_rope_layers", "no_rope_layer_interval"})
+    ),
+    "llama4_text": Family(
+        layout="interleaved",
+        layers="no_rope_layers",
+        fields=frozenset({"no_rope_layers", "no_rope_layer_interval", "attn_temperature_tuning"}),
+    ),
+    **dict.fromkeys(
+        ("granite_swa", "granitemoe_swa", "muse_glimmer_text", "muse_spark_text"),
+        Family(layers="layer_rope_theta", fields=frozenset({"layer_rope_theta"})),
+    ),
+    "esm": Family(fields=frozenset({"position_embedding_type"})),
+    "evolla": Family(fields=frozenset({"position_embedding_type"})),
+}
+
+
+def family(model_type: object) -> Family:
+    """The table entry of ``model_type``.
+
+    Raises:
+        ValueError: a ``model_type`` the table does not know (or none), naming it and
+            saying how to build the rotation explicitly.
+    """
+    found = FAMILIES.get(model_type) if isinstance(model_type, str) else None
+    if found is None:
+        raise ValueError(
+            f"unknown model_type {model_type!r}: posenc does not know this family's rotary "
+            "layout; build it explicitly with posenc.RotaryEmbedding(head_dim, base=..., "
+            "rotary_dim=..., interleaved=True|False, scaling=...), or drop model_type from "
+            "the dict to read it as a Llama-style (half-split) config"
+        )
+    return found

@@ -1,0 +1,255 @@
+"""The rotary embeddings of the installed transformers, found by walking its model packages.
+
+Every ``transformers.models.<family>.modeling_*`` module that defines a class named
+``*RotaryEmbedding`` contributes one ``RotaryCase`` per such class, keyed by the
+``model_type`` of the config class the rotary module takes (its ``__init__`` annotation).
+``run_case`` builds that config with its defaults (tiny tensors only: the rotary module
+holds ``inv_freq``, nothing sized by ``hidden_size``), rotates random q/k at positions
+``0..T-1`` and at ``OFFSET + 0..T-1`` with the family's own module and
+``apply_rotary_pos_emb``, and with ``posenc.from_hf_config``, and returns the largest
+error relative to the dtype-derived tolerance.
+
+Shapes: ``B`` batch, ``H`` heads, ``T`` length, ``D`` head_dim, ``R`` rotary dim.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+import posenc
+from posenc.hf.config import config_family
+
+OFFSET = 100_000
+LENGTH = 8
+EPS32 = torch.finfo(torch.float32).eps
+# default configs that do not describe a buildable model: the fields of a real checkpoint
+CONFIG_FIELDS = {
+    "glm4_moe": {"head_dim": 128},  # GLM-4.5: 4096 / 96 heads is not its head dim
+    "esm": {"position_embedding_type": "rotary"},  # ESM-2 (the default is absolute)
+}
+_ROTARY = re.compile(r"^class (\w*RotaryEmbedding)\(", re.M)
+
+
+@dataclass(frozen=True)
+class RotaryCase:
+    """One rotary module class of one family."""
+
+    family: str  # the transformers.models sub-package
+    module: str  # the modeling module's dotted name
+    rotary: str  # the class name
+    config: str  # the config class name its __init__ takes
+
+    @property
+    def model_type(self) -> str:
+        return self.config_class().model_type
+
+    def load(self) -> ModuleType:
+        return importlib.import_module(self.module)
+
+    def config_class(self) -> type:
+        module = self.load()
+        found = getattr(module, self.config, None)
+        if found is None:
+            package = importlib.import_module(self.module.rsplit(".", 1)[0])
+            found = getattr(package, self.config)
+        return found
+
+
+@functools.cache
+def discover() -> tuple[RotaryCase, ...]:
+    """Every ``*RotaryEmbedding`` class of the installed transformers (cached per process)."""
+    import transformers.models
+
+    root = Path(transformers.models.__file__).parent
+    cases = []
+    for path in sorted(root.glob("*/modeling_*.py")):
+        names = _ROTARY.findall(path.read_text(encoding="utf-8"))
+        if not names:
+            continue
+        dotted = f"transformers.models.{path.parent.name}.{path.stem}"
+        module = importlib.import_module(dotted)
+        for name in names:
+            params = list(inspect.signature(getattr(module, name).__init__).parameters.values())
+            annotation = params[1].annotation if len(params) > 1 else None
+            config = getattr(annotation, "__name__", str(annotation))
+            cases.append(RotaryCase(path.parent.name, dotted, name, config))
+    return tuple(cases)
+
+
+def case_ids() -> list[str]:
+    """``family/RotaryClass`` for each case (stable test ids)."""
+    return [f"{c.family}/{c.rotary}" for c in discover()]
+
+
+def _attention_classes(case: RotaryCase, config_class: type) -> list[type]:
+    """The module's ``*Attention`` classes, those built from ``config_class`` first."""
+    module = case.load()
+    found = []
+    for name, cls in sorted(vars(module).items()):
+        if not (isinstance(cls, type) and name.endswith("Attention")):
+            continue
+        if cls.__module__ == module.__name__:
+            params = list(inspect.signature(cls.__init__).parameters.values())
+            annotation = params[1].annotation if len(params) > 1 else None
+            own = getattr(annotation, "__name__", str(annotation)) == config_class.__name__
+            found.append((not own, name, cls))
+    return [cls for *_, cls in sorted(found)]
+
+
+def hf_head_dim(case: RotaryCase, config, layer_idx: int = 0) -> int | None:
+    """The head dim of the family's attention module at ``layer_idx`` (on the meta device)."""
+    for cls in _attention_classes(case, type(config)):
+        try:
+            with torch.device("meta"):
+                attention = cls(config, layer_idx)
+        except Exception:  # another signature or config: try the next class
+            continue
+        for attr in ("head_dim", "attention_head_size", "head_size"):
+            value = getattr(attention, attr, None)
+            if isinstance(value, int):
+                return value
+    return None
+
+
+def hf_config(case: RotaryCase):
+    """``(config for posenc, config the family's rotary module receives)``.
+
+    A composite model's rotary module gets its text (decoder) sub-config, as the model
+    passes it; posenc gets the whole config and has to find that part itself.
+    """
+    config = case.config_class()(**CONFIG_FIELDS.get(case.family, {}))
+    sub = config.get_text_config(decoder=True)
+    return config, sub
+
+
+_CALL = re.compile(r"\b(apply_\w*rot\w*)\(")
+
+
+def _calls(case: RotaryCase, config) -> tuple[str, ...]:
+    """The rotation functions the attention module for ``config`` calls (cached per class)."""
+    return _calls_of(case, type(config))
+
+
+@functools.cache
+def _calls_of(case: RotaryCase, config_class: type) -> tuple[str, ...]:
+    module = case.load()
+    classes = _attention_classes(case, config_class)[:1]
+    found = (n for cls in classes for n in _CALL.findall(inspect.getsource(cls)))
+    return tuple(n for n in found if hasattr(module, n))
+
+
+def _apply(case: RotaryCase, config):
+    """The rotation function that the family's attention module (for ``config``) calls.
+
+    ``apply_rotary_pos_emb_interleave`` beside ``apply_rotary_pos_emb`` is picked by the
+    config's ``rope_interleave`` (DeepSeek-V3), else it is the main attention's and the
+    plain one serves a sparse-attention indexer; complex ``freqs_cis`` models (Llama 4,
+    DeepSeek-V2) call ``apply_rotary_emb``.
+    """
+    module = case.load()
+    names = list(_calls(case, config))
+    names = names or [n for n in ("apply_rotary_pos_emb", "apply_rotary_emb") if hasattr(module, n)]
+    interleave = "apply_rotary_pos_emb_interleave"
+    if interleave in names and getattr(config, "rope_interleave", True):
+        return getattr(module, interleave)
+    if hasattr(module, interleave) and not names:
+        return getattr(module, interleave)
+    return getattr(module, names[0]) if names else getattr(module, interleave)
+
+
+def hf_rotate(case: RotaryCase, config, q, k, positions, layer_type):
+    """The family's own rotation of ``q``, ``k`` ``[B, H, T, D]`` at ``positions [B, T]``."""
+    module = case.load()
+    rotary = getattr(module, case.rotary)(config)
+    kwargs = {}
+    if layer_type is not None and "layer_type" in inspect.signature(rotary.forward).parameters:
+        kwargs["layer_type"] = layer_type
+    out = rotary(q, positions, **kwargs)
+    apply = _apply(case, config)
+    if not isinstance(out, tuple):  # complex freqs_cis [B, T, R/2]
+        if "[:, :, None, :]" in inspect.getsource(apply):  # expects [B, T, H, D]
+            q_hf, k_hf = apply(q.transpose(1, 2), k.transpose(1, 2), out)
+            return q_hf.transpose(1, 2), k_hf.transpose(1, 2)
+        return apply(q, k, out)
+    cos, sin = out
+    if len(inspect.signature(apply).parameters) == 4:  # one tensor at a time (Gemma 3n)
+        return apply(q, cos, sin), apply(k, cos, sin)
+    try:
+        return apply(q, k, cos, sin)
+    except RuntimeError:  # a partial rotary: the attention module passes the rotated part
+        width = cos.shape[-1]
+        q_rot, k_rot = apply(q[..., :width], k[..., :width], cos, sin)
+        return torch.cat([q_rot, q[..., width:]], -1), torch.cat([k_rot, k[..., width:]], -1)
+
+
+@dataclass
+class Outcome:
+    """How posenc compares with the family's module (``error`` in tolerances; <= 1 passes)."""
+
+    error: float
+    detail: str
+
+
+def permuted(case: RotaryCase, config, x: torch.Tensor, width: int) -> torch.Tensor:
+    """``x`` in the feature order the family's rotation returns.
+
+    ``apply_rotary_pos_emb_interleave`` (DeepSeek-V3 and the other MLA models) rotates
+    interleaved pairs but returns them half-split, ``(x0, x2, ..) | (x1, x3, ..)``: the
+    same permutation of q and k (of the first ``width`` rotated features), so the scores
+    are those of the interleaved rotation.
+    """
+    if _apply(case, config).__name__ != "apply_rotary_pos_emb_interleave":
+        return x
+    rotated = x[..., :width].unflatten(-1, (-1, 2)).transpose(-1, -2).flatten(-2)
+    return torch.cat([rotated, x[..., width:]], -1)
+
+
+def run_case(case: RotaryCase, *, seed: int = 0) -> Outcome:
+    """Compare posenc with the family's own rotation on every distinct layer of the config."""
+    config, sub = hf_config(case)
+    kinds = getattr(sub, "layer_types", None)
+    per_layer = kinds or config_family(config)[1].layers
+    plan = posenc.hf.layer_plan(config) if per_layer else None
+    layers = {}
+    for index, encoding in enumerate(plan or [posenc.from_hf_config(config)]):
+        if not isinstance(encoding, posenc.NoPE):
+            kind = kinds[index] if kinds and plan else None
+            key = (kind, getattr(encoding, "base", None), type(encoding))
+            layers.setdefault(key, (kind, encoding, index))
+    worst = Outcome(math.inf, "no layer with positions compared")
+    for layer_type, ours, index in layers.values():
+        worst.error = 0.0 if worst.error == math.inf else worst.error
+        dim = hf_head_dim(case, sub, index) or ours.head_dim
+        if ours.head_dim == getattr(sub, "qk_rope_head_dim", None):
+            dim = ours.head_dim  # MLA: posenc rotates the rotary part of the head alone
+        base = float(getattr(ours, "base", 1e4))
+        scale = max(float(getattr(ours, "attention_scale", 1.0)), 1.0)
+        gen = torch.Generator().manual_seed(seed)
+        for first in (0, OFFSET):
+            positions = first + torch.arange(LENGTH).expand(2, LENGTH)  # [B, T]
+            q = torch.randn(2, 4, LENGTH, dim, generator=gen)
+            k = torch.randn(2, 2, LENGTH, dim, generator=gen)
+            if not isinstance(ours, posenc.RotaryEmbedding):
+                positions = positions.expand(3, 2, LENGTH)  # M-RoPE: text on all three axes
+            q_hf, k_hf = hf_rotate(case, sub, q, k, positions, layer_type)
+            rotated = ours.rotate(q, k, positions, positions)
+            width = getattr(ours, "rotary_dim", dim)
+            q_ours, k_ours = (permuted(case, sub, x, width) for x in rotated)
+            # transformers forms inv_freq and angles in float32: an angle carries about
+            # |angle| (1 + ln base) eps32, the rotated value that times |x| (8 roundings floor)
+            angle = first + LENGTH
+            tol = EPS32 * (8 + angle * (1 + math.log(base))) * scale
+            for mine, theirs, x in ((q_ours, q_hf, q), (k_ours, k_hf, k)):
+                error = float((mine - theirs).abs().max()) / (tol * float(x.abs().max()))
+                if error >= worst.error:
+                    worst = Outcome(error, f"layer_type={layer_type} first={first}")
+    return worst
