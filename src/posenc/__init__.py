@@ -47,7 +47,7 @@ from posenc.encodings import (
     sinusoidal_table,
     t5_relative_position_bucket,
 )
-from posenc.hf import rope_from_hf_config
+from posenc.hf import from_hf_config, rope_from_hf_config
 from posenc.kv_cache import KVCache
 
 __version__ = "0.1.0"
@@ -91,6 +91,7 @@ __all__ = [
     "axial_positions",
     "build",
     "dinov3_positions",
+    "from_hf_config",
     "info",
     "mrope_decode_positions",
     "mrope_position_ids",
