@@ -12,4 +12,7 @@ if ! python -c "import torch" 2>/dev/null; then
   python -m pip install --quiet "torch==2.13.0" ${POSENC_TORCH_INDEX:+--index-url "$POSENC_TORCH_INDEX"}
 fi
 python -m pip install --quiet -e ".[test]"
+# The compiled CPU RoPE kernel (about 2 s with g++); without it apply_rope runs its
+# PyTorch path, and `posenc --version` says so.
+python -m posenc.encodings.rotary.build_kernel || true
 python -c "import torch, posenc; print('posenc', posenc.__version__, 'torch', torch.__version__)"

@@ -1,5 +1,6 @@
 """apply_rope / apply_rope_ against the float64 reference: every layout, dtype, table
-shape, memory layout, in place and not, forward and backward."""
+shape, memory layout, in place and not, forward and backward, on the compiled CPU kernel
+and on the PyTorch path."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 
 import posenc.fastpath
 from conftest import tolerances
+from posenc.encodings.rotary import cpu_kernel
 from posenc.encodings.rotary.apply import apply_rope, apply_rope_
 from posenc.reference.rope_apply_ref import rope_apply_backward_ref, rope_apply_ref
 
@@ -20,10 +22,16 @@ B, H, T, D = 2, 3, 11, 16
 DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
 
 
-@pytest.fixture(params=[False, True], ids=["one-chunk", "many-chunks"])
-def chunking(request, monkeypatch):
-    """Run each test with cache-sized chunks and with chunks of a few positions."""
-    if request.param:
+@pytest.fixture(params=["kernel", "pytorch", "pytorch-small-chunks"])
+def path(request, monkeypatch):
+    """Run each test on the compiled kernel and on the PyTorch path (cache-sized chunks,
+    and chunks of a few positions)."""
+    if request.param == "kernel":
+        if cpu_kernel.status() != "compiled C++ kernel":
+            pytest.skip(f"CPU kernel: {cpu_kernel.status()}")
+    else:
+        monkeypatch.setattr(cpu_kernel, "_load", lambda: (None, "switched off by the test"))
+    if request.param == "pytorch-small-chunks":
         monkeypatch.setattr(posenc.fastpath, "CHUNK_BYTES", 1600)
     return request.param
 
@@ -64,7 +72,7 @@ CASES = list(
 
 
 @pytest.mark.parametrize("dtype,interleaved,rotary_dim,table,layout", CASES)
-def test_matches_reference(gen, chunking, dtype, interleaved, rotary_dim, table, layout):
+def test_matches_reference(gen, path, dtype, interleaved, rotary_dim, table, layout):
     x = _x(gen, dtype, layout)
     cos, sin = _tables(gen, rotary_dim, table)
     if dtype != torch.float64:  # RotaryEmbedding hands over float32 tables
@@ -84,7 +92,7 @@ def test_matches_reference(gen, chunking, dtype, interleaved, rotary_dim, table,
 
 @pytest.mark.parametrize("interleaved", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_tables_in_input_dtype_and_scaled(gen, dtype, interleaved):
+def test_tables_in_input_dtype_and_scaled(gen, path, dtype, interleaved):
     """cos/sin handed over in x's own dtype, and scaled (attention factor, xPos)."""
     x = _x(gen, dtype, "contiguous")
     cos, sin = _tables(gen, D, "T", scale=1.3)
@@ -100,7 +108,7 @@ def test_tables_in_input_dtype_and_scaled(gen, dtype, interleaved):
 @pytest.mark.parametrize("interleaved", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("layout", ["contiguous", "projection"])
-def test_backward_matches_reference(gen, chunking, dtype, interleaved, inplace, layout):
+def test_backward_matches_reference(gen, path, dtype, interleaved, inplace, layout):
     x = _x(gen, dtype, layout).requires_grad_()
     cos, sin = _tables(gen, 10, "BT")
     cos, sin = cos.float(), sin.float()
@@ -125,19 +133,51 @@ def test_backward_of_expanded_gradient(gen):
     _close(x.grad, torch.from_numpy(expected), torch.float32)
 
 
+@pytest.mark.parametrize("inplace", [False, True])
 @pytest.mark.parametrize("interleaved", [False, True])
-def test_gradcheck_x_cos_sin(gen, interleaved):
-    """float64 gradcheck in x alone (custom backward) and in x, cos and sin together."""
-    x = torch.randn(1, 2, T, 6, generator=gen, dtype=torch.float64, requires_grad=True)
-    cos, sin = _tables(gen, 4, "BT")
-    cos, sin = cos[:1], sin[:1]
-    fn = lambda x: apply_rope(x, cos, sin, interleaved=interleaved)  # noqa: E731
-    assert torch.autograd.gradcheck(fn, (x,))
-    cos.requires_grad_()
-    sin.requires_grad_()
-    assert torch.autograd.gradcheck(
-        lambda *a: apply_rope(*a, interleaved=interleaved), (x, cos, sin)
-    )
+def test_gradcheck_and_gradgradcheck(gen, path, interleaved, inplace):
+    """float64 first and second derivatives, in x alone (the custom backward, whose own
+    backward is again a rotation) and in x, cos and sin together (learned angles)."""
+    x = torch.randn(1, 2, 3, 6, generator=gen, dtype=torch.float64, requires_grad=True)
+    cos, sin = (t[:1, :3] for t in _tables(gen, 4, "BT"))  # [1, 3, 2]
+    if inplace:  # on a non-leaf copy, as autograd's in-place rules require
+
+        def rotate(x, cos, sin):
+            return apply_rope_(x * 1, cos, sin, interleaved=interleaved)
+    else:
+
+        def rotate(x, cos, sin):
+            return apply_rope(x, cos, sin, interleaved=interleaved)
+
+    for check in (torch.autograd.gradcheck, torch.autograd.gradgradcheck):
+        assert check(lambda x: rotate(x, cos, sin), (x,))
+        angles = (cos.clone().requires_grad_(), sin.clone().requires_grad_())
+        assert check(rotate, (x, *angles))
+        assert check(lambda *a: rotate(x.detach(), *a), angles)
+
+
+def _assert_rounded_once(out, expected, dtype):
+    """``out`` is ``expected`` (float64) rounded once to ``dtype``: within half a unit in
+    its last place, plus the float32 arithmetic's error (a few float32 epsilons)."""
+    _, exponent = torch.frexp(expected)
+    half_ulp = torch.finfo(dtype).eps * torch.exp2(exponent.double() - 2)
+    arithmetic = 8 * torch.finfo(torch.float32).eps * (expected.abs() + 1)
+    assert bool(((out.double() - expected).abs() <= half_ulp + arithmetic).all())
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_is_rotated_in_float32_and_rounded_once(gen, path, dtype, interleaved):
+    """Half precision: the exact rotation rounded once to the input's dtype (forward, in
+    place and backward), where rotating in the dtype itself would round three times."""
+    x = _x(gen, dtype, "contiguous")
+    cos, sin = (t.float() for t in _tables(gen, 10, "T"))
+    expected = _ref(x, cos.double(), sin.double(), interleaved)
+    _assert_rounded_once(apply_rope(x, cos, sin, interleaved=interleaved), expected, dtype)
+    _assert_rounded_once(apply_rope_(x.clone(), cos, sin, interleaved=interleaved), expected, dtype)
+    leaf = x.clone().requires_grad_()
+    (grad,) = torch.autograd.grad(apply_rope(leaf, cos, sin, interleaved=interleaved), leaf, x)
+    _assert_rounded_once(grad, _ref(x, cos.double(), -sin.double(), interleaved), dtype)
 
 
 def test_inplace_on_a_projection_view_backpropagates(gen):
@@ -153,7 +193,7 @@ def test_inplace_on_a_projection_view_backpropagates(gen):
     torch.testing.assert_close(grads[1], grads[0], **tolerances(torch.float64))
 
 
-def test_inplace_on_a_view_updates_its_base(gen):
+def test_inplace_on_a_view_updates_its_base(gen, path):
     base = torch.randn(B, T, H, D, generator=gen)
     q = base.transpose(1, 2)
     cos, sin = _tables(gen, D, "T")

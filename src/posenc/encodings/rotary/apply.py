@@ -15,15 +15,19 @@ Layouts of the pairs ``(a_i, b_i)``, ``i < R/2``, that rotate by angle ``theta_i
 
 Each pair maps to ``(a cos - b sin, a sin + b cos)``.
 
-Speed: the rotation is pure memory traffic, so the kernels here write every partial
-result into the output (``out=``) and never allocate a full-size temporary. Interleaved
-float32/float64 pairs are one complex multiply (``x`` viewed as complex); the other
-cases run a few passes per cache-sized chunk of positions (``posenc.fastpath.chunks``),
-so main memory is read and written once. Precision: float32/float64 inputs are rotated
-in their own dtype; float16/bfloat16 inputs are rotated in float32 and rounded once
-(the float32 result rounded to ``x``'s dtype). The backward pass is the rotation by
-``-theta`` (``apply`` with ``-sin``), through the same kernels. Under ``torch.compile``
-the plain expression is traced instead (the compiler fuses it into one kernel).
+Speed: the rotation is pure memory traffic. On CPU tensors with a unit last stride it
+runs in the compiled kernel of ``posenc.encodings.rotary.cpu_kernel`` (one pass, each
+row read once and written once, rows shared among threads in small blocks, so a busy
+core delays it by one block). Elsewhere, or where the kernel is not built, the PyTorch
+path writes every partial result into the output (``out=``) and never allocates a
+full-size temporary: interleaved float32/float64 pairs are one complex multiply (``x``
+viewed as complex); the other cases run a few passes per cache-sized chunk of positions
+(``posenc.fastpath.chunks``). Precision, on both paths: float32/float64 inputs are
+rotated in their own dtype; float16/bfloat16 inputs are rotated in float32 and rounded
+once (the float32 result rounded to ``x``'s dtype). The backward pass is the rotation
+by ``-theta``, through the same kernels, and is itself differentiable (second
+derivatives, ``create_graph=True``). Under ``torch.compile`` the plain expression is
+traced instead (the compiler fuses it into one kernel).
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from posenc._checks import check_tensor
+from posenc._checks import check_bool, check_tensor
+from posenc.encodings.rotary import cpu_kernel
 from posenc.fastpath import chunks, empty_like
 
 __all__ = ["apply_rope", "apply_rope_"]
@@ -158,6 +163,8 @@ def _rotate_into(
     if out is not x and rotary_dim < x.shape[-1]:
         out[..., rotary_dim:].copy_(x[..., rotary_dim:])  # pass-through features
     cos, sin = _tables(cos, sin, _compute_dtype(x.dtype), inverse)
+    if cpu_kernel.rotate(out, x, cos, sin, interleaved=interleaved):
+        return
     x_c, out_c = _complex_view(x, rotary_dim), _complex_view(out, rotary_dim)
     if interleaved and x_c is not None and out_c is not None:
         torch.mul(x_c, torch.complex(cos, sin), out=out_c)  # one pass: read x, write out
@@ -166,26 +173,28 @@ def _rotate_into(
 
 
 class _Rope(torch.autograd.Function):
-    """Rotation by ``theta`` whose backward is the rotation by ``-theta``."""
+    """Rotation by ``theta`` (``-theta`` when ``inverse``) whose backward is the rotation
+    by the opposite angle, itself a ``_Rope``: differentiable any number of times."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, inplace: bool):  # type: ignore[override]
+    def forward(  # type: ignore[override]
+        ctx, x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, inplace: bool, inverse: bool
+    ) -> Tensor:
         ctx.save_for_backward(cos, sin)
-        ctx.interleaved = interleaved
+        ctx.interleaved, ctx.inverse = interleaved, inverse
         if inplace:
-            _rotate_into(x, x, cos, sin, interleaved=interleaved, inverse=False)
+            _rotate_into(x, x, cos, sin, interleaved=interleaved, inverse=inverse)
             ctx.mark_dirty(x)
             return x
         out = empty_like(x)
-        _rotate_into(out, x, cos, sin, interleaved=interleaved, inverse=False)
+        _rotate_into(out, x, cos, sin, interleaved=interleaved, inverse=inverse)
         return out
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # type: ignore[override]
         cos, sin = ctx.saved_tensors
-        grad_x = empty_like(grad)
-        _rotate_into(grad_x, grad, cos, sin, interleaved=ctx.interleaved, inverse=True)
-        return grad_x, None, None, None, None
+        grad_x = _Rope.apply(grad, cos, sin, ctx.interleaved, False, not ctx.inverse)
+        return grad_x, None, None, None, None, None
 
 
 def _rotate_differentiable(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
@@ -236,10 +245,11 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = False
         TypeError: non-tensor, non-floating or complex inputs.
     """
     _check(x, cos, sin)
+    interleaved = check_bool("interleaved", interleaved)
     if _plain(x, cos, sin):
         return _rotate_differentiable(x, cos, sin, interleaved)
     if _needs_grad(x):
-        return _Rope.apply(x, cos, sin, interleaved, False)
+        return _Rope.apply(x, cos, sin, interleaved, False, False)
     out = empty_like(x)
     _rotate_into(out, x, cos, sin, interleaved=interleaved, inverse=False)
     return out
@@ -257,14 +267,16 @@ def apply_rope_(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = Fals
         TypeError: non-tensor, non-floating or complex inputs.
     """
     _check(x, cos, sin)
+    interleaved = check_bool("interleaved", interleaved)
     if any(stride == 0 and size > 1 for stride, size in zip(x.stride(), x.shape, strict=True)):
         raise ValueError(
             f"x (shape {tuple(x.shape)}, strides {x.stride()}) has overlapping elements; "
             "rotate a copy with apply_rope instead"
         )
     if _plain(x, cos, sin):
-        return x.copy_(_rotate_differentiable(x, cos, sin, interleaved))
+        # the rotation reads a copy: x itself is overwritten, and autograd needs its values
+        return x.copy_(_rotate_differentiable(x.clone(), cos, sin, interleaved))
     if _needs_grad(x):
-        return _Rope.apply(x, cos, sin, interleaved, True)
+        return _Rope.apply(x, cos, sin, interleaved, True, False)
     _rotate_into(x, x, cos, sin, interleaved=interleaved, inverse=False)
     return x
