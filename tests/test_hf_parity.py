@@ -269,6 +269,12 @@ def test_head_dim_fields():
     assert gpt_neox.base == 2e4
 
 
+def test_head_dim_floors_as_transformers_attention_does():
+    # GLM-4.5-style: 4096 / 96 heads; transformers' attention uses hidden // heads
+    parsed = parse_hf_rope_config({"hidden_size": 4096, "num_attention_heads": 96})
+    assert parsed.head_dim == 4096 // 96
+
+
 def test_per_layer_type_parameters():
     config = {
         "head_dim": 64,
@@ -303,7 +309,7 @@ def test_original_length_defaults_and_factor():
     ("config", "match"),
     [
         ({"hidden_size": 64}, "neither head_dim nor hidden_size and num_attention_heads"),
-        ({"hidden_size": 100, "num_attention_heads": 3}, "hidden_size=100 is not a multiple"),
+        ({"hidden_size": 99, "num_attention_heads": 3}, "head_dim must be even, got 33"),
         ({"head_dim": 64, "rope_scaling": {"type": "mrope"}}, "unknown rope_type 'mrope'.*llama3"),
         (
             {"head_dim": 64, "rope_scaling": {"type": "yarn", "factor": 2.0}},

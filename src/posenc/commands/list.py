@@ -30,6 +30,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     form.add_argument(
         "--json", action="store_true", help="print every field in full as JSON, one object each"
     )
+    form.add_argument(
+        "--models",
+        action="store_true",
+        help="list the transformers model families (model_type) from_hf_config reads",
+    )
     p.set_defaults(func=run)
 
 
@@ -59,7 +64,27 @@ def markdown_table() -> str:
     return "\n".join(lines)
 
 
+def model_table() -> Table:
+    """The family table of ``posenc.hf`` (``model_type`` and its positions), for ``--models``."""
+    from posenc.hf.families import FAMILIES
+
+    table = Table(
+        title="transformers model families (posenc.from_hf_config)",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
+    table.add_column("model_type", no_wrap=True, style="bold")
+    table.add_column("scheme, or pair layout and rules", ratio=1)
+    for model_type, entry in sorted(FAMILIES.items()):
+        table.add_row(model_type, entry.summary)
+    return table
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.models:
+        Console().print(model_table())
+        return 0
     if args.markdown:
         print(markdown_table())
         return 0
