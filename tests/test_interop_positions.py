@@ -1,0 +1,311 @@
+"""posenc against the non-rotary position code of every family in the installed transformers.
+
+The families come from ``_hf_position_walk`` (their sources, not a list written here).
+Each one is either checked below, group by group, against its own code on positions
+``0..T-1`` and at an offset, or named in ``UNSUPPORTED`` with the reason; a family in
+neither, or a mismatch, fails. posenc's side is always ``build_position_module`` on the
+family's config, with the weights copied by one ``load_hf_weights`` call.
+
+* alibi: the family's own builder; equal up to a constant per query row (what the
+  softmax ignores), within the rounding of the family's own product ``m * j``.
+* t5: every attention module with a table: its ``compute_bias`` (LongT5's blocked local
+  form too) equals posenc's bias bit for bit.
+* learned_class / sinusoidal_class: the family's position module on a batch at a cache
+  offset, and with left padding where it counts real tokens.
+* table: a tiny random model of the family run on a left-padded batch; the rows its
+  position table is read at equal posenc's positions plus the family's offset.
+
+Shapes: ``B`` batch, ``H`` heads, ``T`` length, ``C`` d_model.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+
+import _hf_position_walk as walk  # noqa: E402
+from posenc import ALiBi, LearnedPositionalEncoding, T5RelativeBias  # noqa: E402
+from posenc.encodings.sinusoidal_layouts import SinusoidalLayout  # noqa: E402
+from posenc.hf.absolute import (  # noqa: E402
+    ABSOLUTE_FAMILIES,
+    build_position_module,
+    load_hf_weights,
+    positions_skipping_padding,
+)
+
+T, OFFSET, PAD = 6, 40, 1
+EPS32 = torch.finfo(torch.float32).eps
+
+_VISION = "positions of image patches or audio frames, not text"
+_COMPOSITE = "text tower inside a multimodal model; its table is not wired to a config here"
+_NOT_YET = "not in posenc's family table yet"
+_LAYOUT = "2-D layout (bounding box) inputs beside the text positions; not wired here"
+#: family -> why posenc does not build its positions.
+UNSUPPORTED = {
+    **dict.fromkeys(("eomt", "videomt", "tvp", "vilt", "imagegpt", "perceiver"), _VISION),
+    **dict.fromkeys(("data2vec", "qwen2_audio", "voxtral", "audioflamingo3"), _VISION),
+    **dict.fromkeys(("moss_transcribe_diarize", "autoformer", "informer"), _VISION),
+    **dict.fromkeys(("time_series_transformer", "tipsv2", "pp_doclayout_v2"), _VISION),
+    **dict.fromkeys(
+        ("align", "altclip", "blip", "blip_2", "bridgetower", "chinese_clip"), _COMPOSITE
+    ),
+    **dict.fromkeys(("clap", "flava", "git", "instructblip", "instructblipvideo"), _COMPOSITE),
+    **dict.fromkeys(("kosmos2", "kosmos2_5", "lxmert", "visual_bert", "evolla"), _COMPOSITE),
+    **dict.fromkeys(("seamless_m4t", "seamless_m4t_v2", "speecht5", "musicgen_melody"), _COMPOSITE),
+    "whisper": "encoder sinusoidal and decoder learned in one config (build each by hand)",
+    "udop": "2-D layout biases on top of T5's buckets",
+    "deberta": "disentangled relative attention (position_biased_input)",
+    "deberta_v2": "disentangled relative attention (position_biased_input)",
+    "tapas": "positions reset per table cell",
+    "decision_transformer": "timestep embeddings, not token positions",
+    "trocr": "learned or sinusoidal by use_learned_position_embeddings",
+    "pp_formulanet": _NOT_YET,
+    "roformer": "a sinusoidal table used as a rotary embedding",
+    "pegasus_x": "[sin | cos] with tensor2tensor spacing in the input dtype; " + _NOT_YET,
+    "fsmt": _NOT_YET,
+    "esm": "absolute or rotary by position_embedding_type; " + _NOT_YET,
+    **dict.fromkeys(("bros", "layoutlmv2", "layoutlmv3", "lilt"), _LAYOUT),
+    "mpnet": "an absolute table plus T5-style relative buckets in attention; " + _NOT_YET,
+}
+
+
+def _cases(group: str) -> list[str]:
+    return sorted(
+        f for f, groups in walk.families().items() if group in groups and f not in UNSUPPORTED
+    )
+
+
+def test_every_family_is_checked_or_unsupported_with_a_reason():
+    found = set(walk.families())
+    assert set(UNSUPPORTED) <= found, f"stale entries: {sorted(set(UNSUPPORTED) - found)}"
+    checked = {f for group in walk.GROUPS for f in _cases(group)}
+    assert checked | set(UNSUPPORTED) == found
+    print(f"matched {len(checked)} / {len(found)} families")  # the README's coverage
+
+
+# ------------------------------------------------------------------------------- ALiBi
+
+
+def _row_centered(bias: torch.Tensor) -> torch.Tensor:
+    return bias - bias[..., :1]
+
+
+@pytest.mark.parametrize("num_heads", [1, 3, 8, 12, 20])
+@pytest.mark.parametrize("family", _cases("alibi"))
+def test_alibi_equals_the_family_builder(family, num_heads):
+    module = walk.modeling(family)
+    mt = walk.model_type_of(family)
+    cfg = {"n_head": num_heads, "num_attention_heads": num_heads, "alibi": True}
+    enc = build_position_module(mt, cfg)
+    assert isinstance(enc, ALiBi)
+    length = OFFSET + T
+    if family == "mpt":
+        theirs = module.build_mpt_alibi_tensor(num_heads, length)[None]  # [1, H, 1, Tk]
+        mask = torch.ones(1, length, dtype=torch.long)
+    else:
+        mask = torch.ones(2, length, dtype=torch.long)
+        mask[1, :3] = 0  # left padding: positions count real tokens
+        built = module.build_alibi_tensor(mask, num_heads, torch.float32)
+        theirs = built.view(2, num_heads, 1, length)
+    k_pos = positions_skipping_padding(mask)
+    q_pos = k_pos[:, OFFSET:]
+    q = torch.zeros(mask.shape[0], num_heads, T, 4)
+    ours = enc.score_bias(q, torch.zeros(mask.shape[0], num_heads, length, 4), q_pos, k_pos)
+    real = mask.bool()[:, None, None, :]  # [B, 1, 1, Tk]
+    first = real.float().argmax(-1, keepdim=True)  # centre each row on its first real key
+    ours_c = ours - ours.gather(-1, first.expand(-1, num_heads, T, 1))
+    theirs_c = theirs - theirs.gather(-1, first.expand(-1, num_heads, 1, 1))
+    step = torch.finfo(torch.bfloat16 if family == "falcon" else torch.float32).eps
+    tol = 2 * step * float(enc.slopes().max()) * length
+    diff = (ours_c - theirs_c).abs().masked_fill(~real, 0)
+    assert float(diff.max()) <= tol
+    assert not torch.equal(_row_centered(ours), torch.zeros_like(ours))
+
+
+# ---------------------------------------------------------------------------------- T5
+
+
+def _t5_model(family: str):
+    mt = walk.model_type_of(family)
+    if family == "pix2struct":
+        mt = "pix2struct_text_model"
+    cfg = walk.tiny_config(mt)
+    if family == "longt5":
+        cfg.encoder_attention_type = "transient-global"
+    if family == "pix2struct":
+        cfg.initializer_range = 0.02  # read from the composite config otherwise
+        return mt, walk.classes(family, "TextModel")[0](cfg).eval()
+    if family == "pop2piano":
+        return mt, walk.classes(family, "ForConditionalGeneration")[0](cfg).eval()
+    return mt, transformers.AutoModel.from_config(cfg).eval()
+
+
+@pytest.mark.parametrize("family", _cases("t5"))
+def test_t5_bias_equals_every_attention_modules_compute_bias(family):
+    torch.manual_seed(0)
+    mt, model = _t5_model(family)
+    config = model.config.to_dict()
+    seen = 0
+    for name, module in model.named_modules():
+        if not getattr(module, "has_relative_attention_bias", False):
+            continue
+        block = int(name.split("block.")[1].split(".")[0]) if "block." in name else 0
+        decoder = getattr(module, "is_decoder", True)  # Pix2Struct's text model: a decoder
+        enc = build_position_module(mt, {**config, "is_decoder": decoder}, layer_idx=block)
+        assert isinstance(enc, T5RelativeBias)
+        load_hf_weights(enc, model, layer_idx=block)
+        torch.testing.assert_close(
+            enc.relative_attention_bias.weight,
+            module.relative_attention_bias.weight,
+            rtol=0,
+            atol=0,
+        )
+        params = inspect.signature(module.compute_bias).parameters
+        if "block_length" in params:  # LongT5 local: queries are the middle block of three
+            bl = module.block_len
+            theirs = module.compute_bias(bl)[0, 0][None]  # [1, H, bl, 3 bl]
+            q_pos, k_pos = torch.arange(bl, 2 * bl), torch.arange(3 * bl)
+        else:
+            theirs = module.compute_bias(T, OFFSET + T, past_seen_tokens=OFFSET)
+            q_pos, k_pos = torch.arange(OFFSET, OFFSET + T), torch.arange(OFFSET + T)
+        heads = enc.num_heads
+        q = torch.zeros(1, heads, q_pos.numel(), 4)
+        with torch.no_grad():
+            ours = enc.score_bias(q, torch.zeros(1, heads, k_pos.numel(), 4), q_pos, k_pos)
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+        seen += 1
+    assert seen >= 2 if family != "pix2struct" else seen >= 1
+
+
+# ----------------------------------------------------------------- absolute: module classes
+
+C, ROWS = 16, 64
+
+
+def _padded(length: int) -> torch.Tensor:
+    """``[2, length]`` token ids, the second row left-padded with three ``PAD``s."""
+    ids = torch.randint(3, 99, (2, length), generator=torch.Generator().manual_seed(0))
+    ids[1, :3] = PAD
+    return ids
+
+
+def _call(module, ids: torch.Tensor, mask: torch.Tensor):
+    """The family's position module on the last ``T`` tokens of ``ids`` after a cache of
+    ``OFFSET``; returns its output and posenc's positions of those tokens."""
+    params = inspect.signature(module.forward).parameters
+    new = ids[:, OFFSET:]
+    if "attention_mask" in params:  # OPT, BioGPT: positions count real tokens
+        out = module(mask.long(), past_key_values_length=OFFSET)
+        return out, positions_skipping_padding(mask)[:, OFFSET:]
+    if "input_ids_shape" in params:
+        out = module(new.shape, past_key_values_length=OFFSET)
+    elif "position_ids" in params and "input_ids" not in params:  # XGLM: the model's ids
+        positions = torch.arange(OFFSET, OFFSET + new.shape[1]).expand(2, -1)
+        return module(positions, past_key_values_length=OFFSET), positions
+    elif "inputs_embeds" in params and "input_ids" not in params:  # MusicGen melody
+        out = module(torch.zeros(*new.shape, C), past_key_values_length=OFFSET)
+    elif getattr(module, "padding_idx", None) is not None:  # fairseq: counts real tokens
+        out = module(new, past_key_values_length=OFFSET)
+        return out, positions_skipping_padding(new != PAD, past=OFFSET)
+    elif "musicgen" in type(module).__module__:
+        out = module(new[:, None], past_key_values_length=OFFSET)  # [B, codebooks, T]
+    else:
+        out = module(new, past_key_values_length=OFFSET)
+    return out, torch.arange(OFFSET, OFFSET + new.shape[1]).expand(2, -1)
+
+
+def _construct(cls):
+    params = inspect.signature(cls.__init__).parameters
+    kwargs = {"padding_idx": PAD} if "padding_idx" in params else {}
+    module = cls(ROWS, C, **kwargs)
+    if hasattr(module, "create_weight"):  # Marian, Pegasus: filled by the model's init
+        with torch.no_grad():
+            module.weight.copy_(module.create_weight())
+    return module
+
+
+@pytest.mark.parametrize("family", _cases("learned_class") + _cases("sinusoidal_class"), ids=str)
+def test_position_module_classes_equal_posenc(family):
+    torch.manual_seed(0)
+    mt = walk.model_type_of(family)
+    suffix = (
+        "LearnedPositionalEmbedding"
+        if "learned_class" in walk.families()[family]
+        else "SinusoidalPositionalEmbedding"
+    )
+    theirs_module = _construct(walk.classes(family, suffix)[0])
+    enc = build_position_module(
+        mt, {"d_model": C, "max_position_embeddings": ROWS, "pad_token_id": PAD}
+    )
+    load_hf_weights(enc, theirs_module)
+    ids = _padded(OFFSET + T)
+    mask = ids != PAD
+    with torch.no_grad():
+        theirs, positions = _call(theirs_module, ids, mask)
+        ours = enc.encoding(positions.to(torch.int64))
+    theirs = theirs.expand_as(ours)
+    real = (
+        positions > 0 if positions.shape[0] == 2 else torch.ones_like(positions, dtype=torch.bool)
+    )
+    real = real | (positions == torch.arange(positions.shape[1]) + OFFSET)
+    if isinstance(enc, SinusoidalLayout):  # their angles are float32: |a| * eps apart
+        tol = 4 * EPS32 * (OFFSET + T + enc.offset)
+        torch.testing.assert_close(ours[real], theirs[real], rtol=0, atol=tol)
+    else:
+        assert isinstance(enc, LearnedPositionalEncoding)
+        torch.testing.assert_close(ours[real], theirs[real], rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------ absolute: whole models
+
+
+TINY_OVERRIDES = {"gpt_neo": {"attention_types": [[["global"], 1]]}}
+
+
+def _table(model, width: int) -> torch.nn.Embedding:
+    names = ("position_embeddings", "wpe", "embed_positions")
+    found = [
+        m
+        for n, m in model.named_modules()
+        if isinstance(m, torch.nn.Embedding)
+        and n.rsplit(".", 1)[-1] in names
+        and m.embedding_dim == width
+        and not n.startswith("entity_")  # LUKE's entity positions
+    ]
+    assert len(found) == 1, f"{len(found)} position tables of width {width}"
+    return found[0]
+
+
+@pytest.mark.parametrize("family", _cases("table"))
+def test_family_models_read_their_table_at_posencs_positions(family):
+    torch.manual_seed(0)
+    mt = walk.model_type_of(family)
+    assert mt in ABSOLUTE_FAMILIES, f"{family}: add {mt!r} to ABSOLUTE_FAMILIES or UNSUPPORTED"
+    spec = ABSOLUTE_FAMILIES[mt]
+    cfg = walk.tiny_config(mt, **TINY_OVERRIDES.get(family, {}))
+    model = transformers.AutoModel.from_config(cfg).eval()
+    enc = build_position_module(mt, cfg.to_dict())
+    assert isinstance(enc, LearnedPositionalEncoding)
+    load_hf_weights(enc, model, prefix="embeddings." if family == "luke" else None)
+    table = _table(model, enc.d_model)
+    if hasattr(model, "set_default_language"):  # X-MOD's adapters
+        model.set_default_language(cfg.languages[0])
+    rows = []
+    hook = table.register_forward_pre_hook(lambda _, args: rows.append(args[0]))
+    ids = _padded(T)
+    mask = ids != PAD
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask.long())
+    hook.remove()
+    positions = (
+        positions_skipping_padding(mask) if spec.skips_padding else torch.arange(T).expand(2, -1)
+    )
+    read = rows[0][..., :T].expand(2, -1)  # Longformer pads to its attention window
+    offset = table.num_embeddings - enc.max_len
+    torch.testing.assert_close(read[mask], positions[mask] + offset, rtol=0, atol=0)
+    with torch.no_grad():
+        torch.testing.assert_close(enc.encoding(positions)[mask], table(read)[mask], rtol=0, atol=0)
