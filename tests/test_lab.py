@@ -16,13 +16,15 @@ from hypothesis import strategies as st
 from torch import Tensor, nn
 
 import posenc.base
-from posenc import PositionalEncoding, Site, cli, register
+import posenc.lab.runs
+from _lab_helpers import Interrupt, NaNInput, registered
+from posenc import cli
 from posenc.lab import LabConfig, Task, TinyLM, load_corpus
 from posenc.lab.corpus import HELD_OUT_EVERY, stdlib_corpus
 from posenc.lab.distributed import Context
 from posenc.lab.evaluate import accuracy, perplexity, window_starts
 from posenc.lab.results import check_identity, write_json
-from posenc.lab.tasks import IGNORE
+from posenc.lab.tasks import DEPTHS, IGNORE
 from posenc.lab.train import lr_at
 from posenc.lab.variants import build_encoding, scaling_spec, variants
 
@@ -36,35 +38,6 @@ def lab(out: Path, *options: str) -> int:
 
 def results(out: Path) -> dict:
     return json.loads((out / "results.json").read_text())
-
-
-@pytest.fixture
-def registered():
-    """Register test-only encodings; remove them afterwards."""
-    names: list[str] = []
-
-    def add(name: str, cls: type[PositionalEncoding]) -> None:
-        register(name, paper="test", description="test only")(cls)
-        names.append(name)
-
-    yield add
-    for name in names:
-        posenc.base._REGISTRY.pop(name)
-
-
-class NaNInput(PositionalEncoding):
-    sites = Site.INPUT
-
-    def __init__(self) -> None:
-        super().__init__()
-
-    def embed(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
-        return x * float("nan")
-
-
-class Interrupt(NaNInput):
-    def embed(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
-        raise KeyboardInterrupt
 
 
 # ----------------------------------------------------------------------------- end to end
@@ -89,6 +62,8 @@ def test_quick_command_writes_the_three_outputs(tmp_path):
     assert (tmp_path / "perplexity.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "rope +yarn" in proc.stdout  # the final table
     shape = {k: res["config"][k] for k in ("d_model", "num_layers", "num_heads")}
+    assert "smoke test" in proc.stdout and "smoke test" in report
+    assert res["quick"] and res["seeds"] == [0]
     for run in res["runs"]:  # the trained weights load into a fresh model of the same shape
         state = torch.load(tmp_path / run["weights"], weights_only=True)
         config = LabConfig(encodings=(run["encoding"],), train_len=res["config"]["train_len"],
@@ -115,68 +90,71 @@ def test_learned_is_na_beyond_its_table_unless_interpolated(tmp_path):
     assert "| learned | " in (tmp_path / "report.md").read_text()
 
 
-def test_finetune_rows_at_the_longest_length(tmp_path):
-    options = ["--encodings", "rope,learned", "--finetune-steps", "2", "--scalings", "yarn"]
+def test_finetune_rows_follow_chen_et_al(tmp_path):
+    """PI is fine-tuned at --finetune-len with the fixed factor finetune_len / train_len,
+    beside RoPE fine-tuned the same way; only rotary encodings are fine-tuned."""
+    options = ["--encodings", "rope,learned", "--finetune-steps", "2", "--scalings", "yarn",
+               "--finetune-len", "64"]  # fmt: skip
     assert lab(tmp_path, *options) == 0
     rows = {row["label"]: row for run in results(tmp_path)["runs"] for row in run["rows"]}
-    assert list(rows) == [
-        "rope",
-        "rope +yarn",
-        "rope +ft",
-        "rope +yarn +ft",
-        "learned",
-        "learned +ft",
-    ]
-    for label in ("rope +ft", "rope +yarn +ft"):
+    assert list(rows) == ["rope", "rope +yarn", "rope +ft", "rope +linear +ft",
+                          "learned", "learned +interpolate"]  # fmt: skip
+    for label in ("rope +ft", "rope +linear +ft"):
         assert all(value is not None for value in rows[label]["results"].values())
-        assert rows[label]["results"]["128"] != rows["rope"]["results"]["128"]
-    assert all(value is None for value in rows["learned +ft"]["results"].values())
-    assert "fine-tuning failed" in rows["learned +ft"]["notes"]["32"]
-    assert lab(tmp_path / "none", "--encodings", "rope", "--scalings") == 0
-    assert [row["label"] for row in results(tmp_path / "none")["runs"][0]["rows"]] == ["rope"]
+        assert rows[label]["results"]["32"] != rows["rope"]["results"]["32"]
+    assert rows["rope +ft"]["results"]["32"] != rows["rope +linear +ft"]["results"]["32"]
 
 
 def test_resume_skips_finished_runs_and_refuses_another_config(tmp_path, capsys):
     assert lab(tmp_path, "--encodings", "nope") == 0
-    before = (tmp_path / "runs" / "nope.json").read_text()
+    before = (tmp_path / "runs" / "nope-s0.json").read_text()
     assert lab(tmp_path, "--encodings", "nope,alibi") == 0
-    assert "skipped: nope" in capsys.readouterr().out
-    assert (tmp_path / "runs" / "nope.json").read_text() == before
+    assert "skipped: nope-s0" in capsys.readouterr().out
+    assert (tmp_path / "runs" / "nope-s0.json").read_text() == before
     assert [r["encoding"] for r in results(tmp_path)["runs"]] == ["nope", "alibi"]
-    assert lab(tmp_path, "--encodings", "nope", "--seed", "1") == 2
+    assert lab(tmp_path, "--encodings", "nope", "--steps", "13") == 2
     err = capsys.readouterr().err.strip()
-    assert "different configuration" in err and "seed" in err and len(err.splitlines()) == 1
+    assert "different configuration" in err and "steps" in err and len(err.splitlines()) == 1
 
 
-def test_nan_run_is_failed_and_the_sweep_goes_on(tmp_path, registered, capsys):
-    registered("nan_input", NaNInput)
-    assert lab(tmp_path, "--encodings", "nan_input,nope") == 0
-    runs = {run["encoding"]: run for run in results(tmp_path)["runs"]}
-    assert runs["nan_input"]["status"] == "failed" and "nan" in runs["nan_input"]["error"]
-    assert runs["nope"]["status"] == "ok"
-    assert "nan_input: failed" in (tmp_path / "report.md").read_text()
-    capsys.readouterr()
-    assert lab(tmp_path, "--encodings", "nan_input,nope") == 0
-    assert "skipped: nan_input, nope" in capsys.readouterr().out
+def test_nan_run_is_failed_and_the_sweep_goes_on(tmp_path, capsys):
+    with registered("nan_input", NaNInput):
+        assert lab(tmp_path, "--encodings", "nan_input,nope") == 0
+        runs = {run["encoding"]: run for run in results(tmp_path)["runs"]}
+        assert runs["nan_input"]["status"] == "failed" and "nan" in runs["nan_input"]["error"]
+        assert runs["nope"]["status"] == "ok"
+        assert "nan_input (seed 0): failed" in (tmp_path / "report.md").read_text()
+        capsys.readouterr()
+        assert lab(tmp_path, "--encodings", "nan_input,nope") == 0
+        assert "skipped: nan_input-s0, nope-s0" in capsys.readouterr().out
 
 
-def test_ctrl_c_keeps_what_finished(tmp_path, registered):
-    registered("interrupt", Interrupt)
-    assert lab(tmp_path, "--encodings", "nope,interrupt,alibi") == 130
-    res = results(tmp_path)
-    assert res["status"] == "interrupted"
-    assert [run["encoding"] for run in res["runs"]] == ["nope"]
-    assert (tmp_path / "runs" / "nope.json").exists() and (tmp_path / "perplexity.png").exists()
-    assert "interrupted" in (tmp_path / "report.md").read_text()
-    assert not list(tmp_path.rglob("*.tmp"))
+def test_ctrl_c_keeps_what_finished(tmp_path):
+    with registered("interrupt", Interrupt):
+        assert lab(tmp_path, "--encodings", "nope,interrupt,alibi") == 130
+        res = results(tmp_path)
+        assert res["status"] == "interrupted"
+        assert [run["encoding"] for run in res["runs"]] == ["nope"]
+        assert (tmp_path / "runs" / "nope-s0.json").exists()
+        assert (tmp_path / "perplexity.png").exists()
+        assert "interrupted" in (tmp_path / "report.md").read_text()
+        assert not list(tmp_path.rglob("*.tmp"))
 
 
-def test_task_sweep_reports_accuracy(tmp_path):
-    assert lab(tmp_path, "--task", "copy", "--encodings", "alibi", "--eval-examples", "8") == 0
+def test_task_sweep_reports_accuracy(tmp_path, monkeypatch):
+    options = ["--task", "copy", "--encodings", "alibi", "--eval-examples", "8"]
+    assert lab(tmp_path / "short", *options) == 0  # a dozen steps: not learned, no result
+    short = results(tmp_path / "short")
+    assert short["runs"][0]["learned"] is False
+    assert "not learned" in (tmp_path / "short" / "report.md").read_text()
+    assert not (tmp_path / "short" / "accuracy.png").exists()
+    monkeypatch.setattr(posenc.lab.runs, "LEARNED", 0.0)  # count it as learned
+    assert lab(tmp_path, *options) == 0
     res = results(tmp_path)
     assert res["metric"] == "accuracy" and res["config"]["eval_lens"] == [16, 32, 48, 64]
     for value in res["runs"][0]["rows"][0]["results"].values():
         assert 0.0 <= value["accuracy"] <= 1.0 and value["examples"] == 8
+        assert 0.0 <= value["token_accuracy"] <= 1.0
     assert (tmp_path / "accuracy.png").exists()
 
 
@@ -259,6 +237,13 @@ def _oracle(task: Task) -> nn.Module:
 def _solve(task: Task, seq: Tensor) -> Tensor:
     """The answer token at each position of one padded example, from the task's rules."""
     out = torch.zeros_like(seq)
+    if task.name == "passkey":  # K d1..d5 somewhere in the filler, then Q: predict d1..d5
+        key = int((seq == task.vocab_size - 2).nonzero()[0])
+        query = int((seq == task.vocab_size - 1).nonzero()[0])
+        digits = seq[key + 1 : key + 6]
+        stop = min(seq.numel(), query + 5)
+        out[query:stop] = digits[: stop - query]
+        return out
     sep = int((seq == 1).nonzero()[0])
     if task.name == "recall":
         pairs = dict(zip(seq[:sep:2].tolist(), seq[1:sep:2].tolist(), strict=True))
@@ -271,10 +256,14 @@ def _solve(task: Task, seq: Tensor) -> Tensor:
     return out
 
 
-@pytest.mark.parametrize("name", ["copy", "reverse", "recall"])
+@pytest.mark.parametrize("name", ["copy", "reverse", "recall", "passkey"])
 @given(length=st.integers(4, 40), seed=st.integers(0, 2**16))
 def test_task_examples_follow_their_rule(name, length, seed):
     task = Task(name, 40)
+    if name == "passkey" and length < 12:  # K + 5 digits, Q + 5 digits, one filler token
+        with pytest.raises(ValueError, match="room for one example"):
+            task.batch(3, length, torch.Generator(), exact=False)
+        return
     gen = torch.Generator().manual_seed(seed)
     inputs, targets = task.batch(3, length, gen, exact=False)
     assert inputs.shape == targets.shape == (3, length)
@@ -284,11 +273,13 @@ def test_task_examples_follow_their_rule(name, length, seed):
         assert torch.equal(target[scored], _solve(task, seq)[scored])
 
 
-@pytest.mark.parametrize("name", ["copy", "reverse", "recall"])
+@pytest.mark.parametrize("name", ["copy", "reverse", "recall", "passkey"])
 def test_exact_match_of_an_oracle_is_one_and_of_a_constant_is_zero(name):
     task = Task(name, 64)
     one = accuracy(_oracle(task), task, 64, examples=10, seed=0, context=Context())
     assert one["accuracy"] == 1.0 and one["token_accuracy"] == 1.0
+    if name == "passkey":
+        assert one["depths"] == {str(d): 1.0 for d in DEPTHS}
 
     class Constant(nn.Module):
         def forward(self, tokens: Tensor) -> Tensor:
@@ -372,8 +363,10 @@ def test_lr_schedule_warms_up_then_decays_to_a_tenth(steps, warmup, step):
 @pytest.mark.parametrize("kind", ["linear", "ntk", "dynamic", "yarn"])
 def test_scaling_specs_build_rotary_encodings(kind):
     config = LabConfig(encodings=("rope",), d_model=32, num_heads=2)
-    rope = build_encoding("rope", config, scaling=scaling_spec(kind, 4.0, config.train_len))
-    assert rope.scaling.rope_type == kind and rope.scaling.factor == 4.0
+    spec = scaling_spec(kind, 4.0, config.train_len, dynamic_factor=config.dynamic_factor)
+    rope = build_encoding("rope", config, scaling=spec)
+    want = config.dynamic_factor if kind == "dynamic" else 4.0  # dynamic: its own factor
+    assert rope.scaling.rope_type == kind and rope.scaling.factor == want
 
 
 def test_variants_per_encoding():

@@ -1,13 +1,17 @@
 """``posenc lab``: train tiny causal LMs per encoding short, evaluate them long.
 
 The lab itself (``posenc.lab``, torch training) is imported only when the command runs,
-so ``posenc list`` and ``--help`` stay fast. Runs data-parallel under ``torchrun``.
+so ``posenc list`` and ``--help`` stay fast. Runs data-parallel under ``torchrun`` (or
+spreads the seeds over the processes). ``--config sweep.toml`` reads the options from a
+file (``posenc.lab.sweepfile``); options on the command line win.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
+import time
 from pathlib import Path
 
 from posenc.cli import UsageError
@@ -16,40 +20,51 @@ from posenc.cli import UsageError
 _LM_MULTIPLES = (1, 2, 4, 8, 16)
 _QUICK_MULTIPLES = (1, 2, 4)
 _TASK_MULTIPLES = (1, 2, 3, 4)
+_PASSKEY_MIN = 16
 
 
-def _ints(text: str) -> list[int]:
+def _ints(text: object) -> list[int]:
+    if isinstance(text, int) and not isinstance(text, bool):
+        return [text]
     try:
-        return [int(part) for part in text.replace(",", " ").split()]
+        return [int(part) for part in str(text).replace(",", " ").split()]
     except ValueError:
-        raise UsageError(f"lab: expected integers, got {text!r}") from None
+        raise UsageError(f"posenc lab: expected integers, got {text!r}") from None
+
+
+def _names(values: list[object]) -> tuple[str, ...]:
+    return tuple(part.strip() for v in values for part in str(v).split(",") if part.strip())
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from posenc.lab.config import LabConfig, quick_defaults
+    from posenc.lab.config import DEFAULT_ENCODINGS, LabConfig, quick_defaults
 
     p = sub.add_parser(
         "lab",
         help="train tiny LMs per encoding on short windows, evaluate on longer ones",
-        description="Train one tiny causal transformer per encoding on windows of --train-len "
-        "tokens and report perplexity (or task accuracy) at longer --eval-lens.",
+        description="Train one tiny causal transformer per encoding and seed on windows of "
+        "--train-len tokens and report perplexity (or task accuracy) at longer --eval-lens: "
+        "mean and 95%% interval over seeds, paired wins, and the orderings that hold in "
+        "every seed.",
     )
+    p.add_argument("--config", metavar="FILE", help="read options from a sweep file (TOML)")
     p.add_argument(
         "--encodings",
         nargs="+",
         metavar="NAME",
         help="registered names (comma or space separated) or 'all'; "
-        "default: nope sinusoidal learned rope alibi t5",
+        f"default: {' '.join(DEFAULT_ENCODINGS)}",
     )
     p.add_argument(
         "--task",
-        choices=("copy", "reverse", "recall"),
-        help="a synthetic task instead of text (exact-match accuracy)",
+        choices=("copy", "reverse", "recall", "passkey"),
+        help="a synthetic task instead of text (exact-match and per-token accuracy)",
     )
     p.add_argument(
         "--corpus",
         metavar="PATH",
-        help="UTF-8 text file or folder (default: this Python's stdlib sources)",
+        help="'stdlib' (default: this Python's standard-library sources), 'fortunes' "
+        "(English prose from Debian's fortunes package), or a UTF-8 text file or folder",
     )
     p.add_argument("--train-len", type=int, metavar="N", help="training length (default 64)")
     p.add_argument(
@@ -59,28 +74,54 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="evaluation lengths >= --train-len (default: 1, 2, 4, 8, 16 x train "
         "length; tasks: 1-4 x)",
     )
-    numbers = [
-        ("--steps", "steps", int, "training steps per model"),
-        ("--batch-size", "batch_size", int, "windows per step (global)"),
-        ("--lr", "lr", float, "peak learning rate"),
-        ("--warmup", "warmup", int, "warmup steps"),
-        ("--d-model", "d_model", int, "model width"),
-        ("--layers", "num_layers", int, "transformer blocks"),
-        ("--heads", "num_heads", int, "attention heads"),
-        ("--eval-tokens", "eval_tokens", int, "text tokens scored per evaluation length"),
-        ("--eval-examples", "eval_examples", int, "task examples per evaluation length"),
-        ("--finetune-steps", "finetune_steps", int, "fine-tune steps at the longest length"),
-    ]
     quick = quick_defaults("lm")
-    for flag, key, kind, text in numbers:
+    numbers = [
+        ("--steps", "steps", int, "N", "training steps per model"),
+        ("--batch-size", "batch_size", int, "N", "windows per step (global)"),
+        ("--lr", "lr", float, "RATE", "peak learning rate"),
+        ("--warmup", "warmup", int, "N", "warmup steps"),
+        ("--d-model", "d_model", int, "N", "model width"),
+        ("--layers", "num_layers", int, "N", "transformer blocks"),
+        ("--heads", "num_heads", int, "N", "attention heads"),
+        ("--eval-tokens", "eval_tokens", int, "N", "text tokens scored per evaluation length"),
+        ("--eval-examples", "eval_examples", int, "N", "task examples per evaluation length"),
+        ("--finetune-steps", "finetune_steps", int, "N",
+         "steps of the rotary fine-tune (Chen et al. 2023's PI protocol; 0: none)"),
+        ("--dynamic-factor", "dynamic_factor", float, "F", "dynamic NTK's own factor"),
+    ]  # fmt: skip
+    for flag, key, kind, metavar, text in numbers:
         default = f"default {getattr(LabConfig, key)}"
         if key in quick:
             default += f", --quick {quick[key]}"
-        p.add_argument(flag, dest=key, type=kind, metavar="N", help=f"{text} ({default})")
+        p.add_argument(flag, dest=key, type=kind, metavar=metavar, help=f"{text} ({default})")
+    p.add_argument(
+        "--eval-stride",
+        type=int,
+        metavar="N",
+        help="also score sliding windows that advance N tokens (default: off)",
+    )
+    p.add_argument(
+        "--finetune-len",
+        type=int,
+        metavar="N",
+        help="length of the rotary fine-tune, at factor N / --train-len (default 4 x train)",
+    )
+    p.add_argument(
+        "--finetune-scalings",
+        nargs="*",
+        metavar="NAME",
+        help="scalings fine-tuned beside the plain rotary model (default: linear)",
+    )
+    p.add_argument(
+        "--t5-max-distance",
+        type=int,
+        metavar="N",
+        help="T5's max_distance (default: --train-len, at least 32, so every bucket trains)",
+    )
     p.add_argument(
         "--learned-beyond",
         choices=("error", "interpolate"),
-        help="'interpolate' adds a row with the learned table stretched",
+        help="'interpolate' (default) adds a row with the learned table stretched",
     )
     p.add_argument(
         "--scalings",
@@ -89,8 +130,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="rotary scalings evaluated at longer lengths (default: linear ntk "
         "dynamic yarn; none: give the option without names)",
     )
-    p.add_argument("--seed", type=int, metavar="N", help="seed (default 0)")
-    p.add_argument("--quick", action="store_true", help="tiny settings, under a minute")
+    p.add_argument("--seeds", metavar="N", help="number of seeds (default 3, --quick 1)")
+    p.add_argument("--seed", type=int, metavar="N", help="first seed (default 0)")
+    p.add_argument(
+        "--quick", action="store_true", default=None, help="smoke test: tiny settings, one seed"
+    )
     p.add_argument("--out", metavar="DIR", help="output folder (default runs/lab-<timestamp>)")
     p.add_argument(
         "--threads",
@@ -98,41 +142,54 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="N",
         help="torch threads per process (default: cores / processes)",
     )
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    p.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        help="where to train: auto (default) picks CUDA when available",
+    )
+    p.add_argument(
+        "--no-progress", action="store_true", default=None, help="hide the progress bars"
+    )
     p.set_defaults(func=run)
+
+
+def _seeds(args: argparse.Namespace, count: int) -> tuple[int, ...] | None:
+    """The seeds ``--seeds`` (a count, or a list from a sweep file) and ``--seed`` (the
+    first) ask for; ``None`` when neither is given. ``count``: the default count."""
+    if args.seeds is None and args.seed is None:
+        return None
+    if isinstance(args.seeds, list):
+        return tuple(_ints(" ".join(str(s) for s in args.seeds)))
+    if args.seeds is not None:
+        numbers = _ints(args.seeds)
+        if len(numbers) != 1 or numbers[0] < 1:
+            raise UsageError(f"posenc lab: --seeds takes one count >= 1, got {args.seeds!r}")
+        count = numbers[0]
+    first = args.seed or 0
+    return tuple(range(first, first + count))
 
 
 def config_from_args(args: argparse.Namespace):
     """The ``LabConfig`` the options describe (presets, then explicit options)."""
-    from posenc.lab.config import LabConfig, quick_defaults, resolve_encodings
+    from posenc.lab.config import DEFAULT_SEEDS, LabConfig, quick_defaults, resolve_encodings
 
     task = args.task or "lm"
     values: dict[str, object] = {"task": task}
     if args.quick:
         values.update(quick_defaults(task))
-    for key in (
-        "corpus",
-        "train_len",
-        "steps",
-        "batch_size",
-        "lr",
-        "warmup",
-        "d_model",
-        "num_layers",
-        "num_heads",
-        "eval_tokens",
-        "eval_examples",
-        "finetune_steps",
-        "learned_beyond",
-        "seed",
-    ):
-        if getattr(args, key) is not None:
-            values[key] = getattr(args, key)
+    keys = ("corpus", "train_len", "steps", "batch_size", "lr", "warmup", "d_model",
+            "num_layers", "num_heads", "eval_tokens", "eval_examples", "eval_stride",
+            "finetune_steps", "finetune_len", "learned_beyond", "dynamic_factor",
+            "t5_max_distance")  # fmt: skip
+    values.update({key: getattr(args, key) for key in keys if getattr(args, key) is not None})
     if args.encodings:
-        values["encodings"] = resolve_encodings(args.encodings)
-    if args.scalings is not None:
-        values["scalings"] = tuple(args.scalings)
+        values["encodings"] = resolve_encodings(list(_names(args.encodings)))
+    for key in ("scalings", "finetune_scalings"):
+        if getattr(args, key) is not None:
+            values[key] = _names(getattr(args, key))
+    seeds = _seeds(args, len(values.get("seeds", DEFAULT_SEEDS)))
+    if seeds is not None:
+        values["seeds"] = seeds
     train_len = values.get("train_len", LabConfig.train_len)
     if args.eval_lens:
         values["eval_lens"] = tuple(sorted({n for text in args.eval_lens for n in _ints(text)}))
@@ -144,19 +201,50 @@ def config_from_args(args: argparse.Namespace):
     return LabConfig(**values)
 
 
+def _settings(args: argparse.Namespace) -> tuple[str | None, list[tuple[str | None, dict]]]:
+    """The sweep file's text and settings (``(None, [(None, {})])`` without ``--config``),
+    each setting's options applied only where the command line left them unset."""
+    if args.config is None:
+        return None, [(None, {})]
+    from posenc.lab.sweepfile import load_sweep
+
+    return load_sweep(args.config)
+
+
 def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
     from posenc.lab.runner import run_lab
 
-    config = config_from_args(args)
-    if args.threads is not None and args.threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {args.threads}")
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    threads = args.threads or max(1, (os.cpu_count() or 1) // local)
-    run_lab(
-        config,
-        Path(args.out) if args.out else None,
-        threads=threads,
-        device=args.device,
-        progress=not args.no_progress,
-    )
+    text, settings = _settings(args)
+    console = Console()
+    statuses = []
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for name, options in settings:
+        merged = argparse.Namespace(**vars(args))
+        for dest, value in options.items():
+            if getattr(merged, dest, None) is None:
+                setattr(merged, dest, value)
+        config = config_from_args(merged)
+        if merged.threads is not None and merged.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {merged.threads}")
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        threads = merged.threads or max(1, (os.cpu_count() or 1) // local)
+        out = Path(merged.out) if merged.out else None
+        if name is not None:
+            out = (out or Path(f"runs/lab-{stamp}")) / name
+            console.print(f"setting {name}:")
+        results = run_lab(
+            config,
+            out,
+            console=console,
+            threads=threads,
+            device=merged.device or "auto",
+            progress=not merged.no_progress,
+            sweep_file=text,
+        )
+        statuses += [r["status"] for r in results["runs"]]
+    if statuses and "ok" not in statuses:
+        print("posenc: lab: every run failed; see the report's notes", file=sys.stderr)
+        return 1
     return 0

@@ -2,9 +2,25 @@
 
 The lab follows Press et al. 2022 ("Train Short, Test Long", section 4): tiny causal
 language models are trained on windows of ``train_len`` tokens and evaluated on longer
-ones. ``LabConfig.identity()`` is what must match for a rerun in the same output folder
-to reuse finished runs; it leaves out what does not change the numbers of a run (which
-encodings are swept, where outputs go, the process count and thread count).
+ones, once per seed. ``LabConfig.identity()`` is what must match for a rerun in the same
+output folder to reuse finished runs; it leaves out what does not change the numbers of
+one run (which encodings and seeds are swept, where outputs go, process and thread
+counts).
+
+The baselines are configured as their papers and Hugging Face transformers define them:
+
+* rotary scalings evaluated without training use ``factor = L / train_len`` at length
+  ``L`` (linear PI, NTK-aware, YaRN), the usual protocol for static scalings; dynamic NTK
+  (emozilla 2023) computes its own stretch from the length, and its ``factor`` is a
+  separate hyperparameter, ``dynamic_factor`` (transformers:
+  ``base * (factor * L / L0 - (factor - 1)) ** (d / (d - 2))`` once ``L > L0``);
+* position interpolation follows Chen et al. 2023: a short fine-tune (``finetune_steps``)
+  at ``finetune_len`` with the fixed factor ``finetune_len / train_len``, compared with
+  the same model fine-tuned the same way without the scaling;
+* T5's ``max_distance`` defaults to ``train_len`` (at least 32), so every bucket
+  receives a gradient;
+* learned tables start at the token embeddings' scale (``posenc.lab.model``) and the
+  interpolating learned row is part of the default sweep.
 """
 
 from __future__ import annotations
@@ -19,6 +35,7 @@ from posenc.base import available, info
 
 __all__ = [
     "DEFAULT_ENCODINGS",
+    "DEFAULT_SEEDS",
     "QUICK_ENCODINGS",
     "SCALINGS",
     "TASKS",
@@ -31,10 +48,12 @@ __all__ = [
 DEFAULT_ENCODINGS = ("nope", "sinusoidal", "learned", "rope", "alibi", "t5")
 #: The encodings of ``--quick``.
 QUICK_ENCODINGS = ("nope", "rope", "alibi")
-#: Rotary context-extension scalings evaluated without training (factor = L / train_len).
+#: Seeds of the default sweep (statistics need at least three).
+DEFAULT_SEEDS = (0, 1, 2)
+#: Rotary context-extension scalings evaluated without training (see the module docstring).
 SCALINGS = ("linear", "ntk", "dynamic", "yarn")
 #: ``lm`` is next-byte prediction on text; the others are synthetic (see ``posenc.lab.tasks``).
-TASKS = ("lm", "copy", "reverse", "recall")
+TASKS = ("lm", "copy", "reverse", "recall", "passkey")
 _BEYOND = ("error", "interpolate")
 
 
@@ -58,11 +77,18 @@ class LabConfig:
         num_heads: attention heads.
         eval_tokens: tokens scored per evaluation length (text; whole windows).
         eval_examples: examples scored per evaluation length (synthetic tasks).
-        finetune_steps: steps of fine-tuning at the longest evaluation length (0: none).
+        eval_stride: sliding-window evaluation as well: each window of ``L`` scores only
+            its last ``eval_stride`` tokens (``None``: non-overlapping windows only).
+        finetune_steps: steps of the rotary fine-tune at ``finetune_len`` (0: none).
+        finetune_len: length of that fine-tune (``None``: ``4 * train_len``).
+        finetune_scalings: scalings fine-tuned at the fixed factor ``finetune_len /
+            train_len`` (beside the unscaled encoding).
         learned_beyond: ``"interpolate"`` adds a learned-table row stretched beyond its length.
         scalings: rotary scalings evaluated at longer lengths without training.
-        seed: seeds the model initialisation and the data order.
-        quick: whether the ``--quick`` presets were used (recorded, not interpreted).
+        dynamic_factor: dynamic NTK's own ``factor`` hyperparameter.
+        t5_max_distance: T5's ``max_distance`` (``None``: ``train_len``).
+        seeds: one run per encoding and seed (initialisation and data order).
+        quick: whether the ``--quick`` smoke-test presets were used (recorded and labelled).
     """
 
     encodings: tuple[str, ...] = DEFAULT_ENCODINGS
@@ -70,20 +96,25 @@ class LabConfig:
     corpus: str | None = None
     train_len: int = 64
     eval_lens: tuple[int, ...] = (64, 128, 256, 512, 1024)
-    steps: int = 700
-    batch_size: int = 32
+    steps: int = 350
+    batch_size: int = 64
     lr: float = 3e-3
-    warmup: int = 50
+    warmup: int = 30
     weight_decay: float = 0.01
     d_model: int = 96
     num_layers: int = 2
     num_heads: int = 4
-    eval_tokens: int = 16384
+    eval_tokens: int = 163840
     eval_examples: int = 256
-    finetune_steps: int = 0
-    learned_beyond: str = "error"
+    eval_stride: int | None = None
+    finetune_steps: int = 100
+    finetune_len: int | None = None
+    finetune_scalings: tuple[str, ...] = ("linear",)
+    learned_beyond: str = "interpolate"
     scalings: tuple[str, ...] = SCALINGS
-    seed: int = 0
+    dynamic_factor: float = 2.0
+    t5_max_distance: int | None = None
+    seeds: tuple[int, ...] = DEFAULT_SEEDS
     quick: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -99,8 +130,18 @@ class LabConfig:
             check_int(name, getattr(self, name))
         check_int("warmup", self.warmup, minimum=0)
         check_int("finetune_steps", self.finetune_steps, minimum=0)
-        check_int("seed", self.seed, minimum=0)
+        if not self.seeds:
+            raise ValueError("no seeds to run")
+        for seed in self.seeds:
+            check_int("seed", seed, minimum=0)
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds are repeated: {list(self.seeds)}")
         check_float("lr", self.lr, positive=True)
+        check_float("dynamic_factor", self.dynamic_factor, positive=True)
+        if self.dynamic_factor < 1:
+            raise ValueError(f"dynamic_factor must be >= 1, got {self.dynamic_factor}")
+        if self.t5_max_distance is not None:
+            check_int("t5_max_distance", self.t5_max_distance, minimum=2)
         check_probability("weight_decay", self.weight_decay)
         if self.d_model % self.num_heads:
             raise ValueError(
@@ -116,9 +157,15 @@ class LabConfig:
             info(name)  # raises ValueError listing the known names
         if len(set(self.encodings)) != len(self.encodings):
             raise ValueError(f"encodings are repeated: {', '.join(self.encodings)}")
-        unknown = [s for s in self.scalings if s not in SCALINGS]
+        unknown = [s for s in (*self.scalings, *self.finetune_scalings) if s not in SCALINGS]
         if unknown:
             raise ValueError(f"unknown scaling {unknown[0]!r}; known: {', '.join(SCALINGS)}")
+        if self.finetune_len is not None:
+            check_int("finetune_len", self.finetune_len)
+            if self.finetune_len <= self.train_len:
+                raise ValueError(
+                    f"finetune_len {self.finetune_len} must exceed train_len {self.train_len}"
+                )
         if not self.eval_lens:
             raise ValueError("no evaluation lengths")
         for length in self.eval_lens:
@@ -135,10 +182,29 @@ class LabConfig:
             )
         if self.task != "lm" and self.train_len < 4:
             raise ValueError(f"synthetic tasks need train_len >= 4, got {self.train_len}")
+        if self.eval_stride is not None:
+            check_int("eval_stride", self.eval_stride)
+            uneven = [n for n in self.eval_lens if n % self.eval_stride]
+            if uneven:
+                raise ValueError(
+                    f"eval_stride {self.eval_stride} must divide every evaluation length; "
+                    f"it does not divide {uneven[0]}"
+                )
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.num_heads
+
+    @property
+    def tuned_len(self) -> int:
+        """The fine-tuning length (``finetune_len`` or ``4 * train_len``)."""
+        return self.finetune_len or 4 * self.train_len
+
+    @property
+    def t5_distance(self) -> int:
+        """T5's ``max_distance``: ``t5_max_distance``, else ``train_len`` (at least 32, as
+        32 buckets keep 16 exact ones below it)."""
+        return self.t5_max_distance or max(self.train_len, 32)
 
     def to_dict(self) -> dict[str, object]:
         """Plain JSON-ready mapping of every field."""
@@ -147,7 +213,7 @@ class LabConfig:
     def identity(self, corpus_sha256: str | None) -> dict[str, object]:
         """The fields a resumed sweep must share, with the corpus hash."""
         kept = self.to_dict()
-        for key in ("encodings", "quick", "corpus"):
+        for key in ("encodings", "seeds", "quick", "corpus"):
             kept.pop(key)
         kept["corpus_sha256"] = corpus_sha256
         return kept
@@ -161,7 +227,8 @@ class LabConfig:
 
 
 def quick_defaults(task: str) -> dict[str, object]:
-    """The ``--quick`` presets: a tiny model, few steps, lengths 32..128 (under a minute)."""
+    """The ``--quick`` presets, a smoke test: a tiny model, few steps, one seed, lengths
+    32..128 (under a minute). Its numbers carry no signal; output and report say so."""
     lens = (32, 64, 128) if task == "lm" else (16, 32, 64)
     return {
         "encodings": QUICK_ENCODINGS,
@@ -175,6 +242,8 @@ def quick_defaults(task: str) -> dict[str, object]:
         "num_heads": 2,
         "eval_tokens": 2048,
         "eval_examples": 64,
+        "finetune_steps": 0,
+        "seeds": (0,),
         "quick": True,
     }
 

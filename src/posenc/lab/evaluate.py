@@ -1,4 +1,5 @@
-"""Evaluation at one length: perplexity on held-out text, exact-match accuracy on tasks.
+"""Evaluation at one length: perplexity on held-out text, accuracy on tasks (exact match,
+per token, and per key depth for passkey).
 
 Shapes: ``B`` windows, ``T`` length, ``V`` vocabulary. Each byte is predicted once, with
 its window as its only context (non-overlapping windows, as in Press et al. 2022,
@@ -7,6 +8,11 @@ longest evaluation length, spread evenly over the held-out text, are each cut in
 windows of ``T``, so every length scores the same bytes (when ``T`` divides the
 longest length) and costs about the same. Windows (and task examples) are sharded
 across processes and their sums reduced, so every process returns the same numbers.
+
+With ``stride`` (sliding windows, Press et al. 2022, section 4.1) each window of ``T``
+scores only its last ``stride`` bytes, the rest being context, so every scored byte but
+the first few sees ``T - stride`` or more bytes before it. ``by_position`` also returns
+the loss by position inside the window (Kazemnejad et al. 2023 plot the same), in bins.
 """
 
 from __future__ import annotations
@@ -18,12 +24,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posenc.lab.distributed import Context
-from posenc.lab.tasks import IGNORE, Task
+from posenc.lab.tasks import DEPTHS, IGNORE, Task
 
-__all__ = ["accuracy", "perplexity", "segment_count", "window_starts"]
+__all__ = ["POSITION_BINS", "accuracy", "perplexity", "segment_count", "window_starts"]
 
 #: Tokens per forward pass during evaluation (bounds memory at long lengths).
-_BATCH_TOKENS = 8192
+_BATCH_TOKENS = 16384
+#: Bins of the loss-by-position curve.
+POSITION_BINS = 64
 
 
 def segment_count(num_bytes: int, longest: int, max_tokens: int) -> int:
@@ -31,23 +39,34 @@ def segment_count(num_bytes: int, longest: int, max_tokens: int) -> int:
     return min(max(1, max_tokens // longest), max(0, (num_bytes - 1) // longest))
 
 
-def window_starts(num_bytes: int, length: int, *, longest: int, max_tokens: int) -> Tensor:
+def window_starts(
+    num_bytes: int, length: int, *, longest: int, max_tokens: int, stride: int | None = None
+) -> Tensor:
     """Start offsets ``[N]`` of the evaluation windows of ``length`` (each reads
-    ``length + 1`` bytes: inputs and next-byte targets).
+    ``length + 1`` bytes: inputs and next-byte targets; it scores its last ``stride``
+    bytes, all of them when ``stride`` is ``None``).
+
+    With a stride the first ``longest`` bytes are kept as context only, so the scored
+    bytes are the same with and without sliding.
 
     Raises:
-        ValueError: fewer than ``longest + 1`` bytes, or ``length > longest``.
+        ValueError: too few bytes for one segment, ``length > longest``, or a ``stride``
+            that does not divide ``length``.
     """
     if length > longest:
         raise ValueError(f"length {length} exceeds the longest evaluation length {longest}")
-    count = segment_count(num_bytes, longest, max_tokens)
+    scored = stride or length
+    if length % scored or longest % scored:
+        raise ValueError(f"stride {scored} must divide lengths {length} and {longest}")
+    pad = 0 if stride is None else longest
+    count = segment_count(num_bytes - pad, longest, max_tokens)
     if count == 0:
         raise ValueError(
             f"the held-out text has {num_bytes} bytes, too few for one window of {longest}"
         )
-    stride = (num_bytes - 1) // count  # >= longest: segments never overlap
-    segments = torch.arange(count) * stride  # [S]
-    inner = torch.arange(longest // length) * length  # [W]
+    spacing = (num_bytes - pad - 1) // count  # >= longest: segments never overlap
+    segments = pad + torch.arange(count) * spacing  # [S]
+    inner = (torch.arange(longest // scored) + 1) * scored - length  # [W]
     return (segments[:, None] + inner).flatten()  # [S * W]
 
 
@@ -60,52 +79,84 @@ def perplexity(
     longest: int,
     max_tokens: int,
     context: Context,
-) -> dict[str, float]:
+    stride: int | None = None,
+    by_position: bool = False,
+) -> dict[str, object]:
     """Per-byte perplexity of ``model`` on ``data`` in windows of ``length``.
 
+    Args:
+        stride: score only the last ``stride`` bytes of each window (sliding windows).
+        by_position: also return ``"position_loss"``, the mean loss of the window's
+            positions in ``POSITION_BINS`` equal bins (fewer when ``length`` is smaller),
+            from the scored positions.
+
     Returns:
-        ``{"loss": nats per byte, "ppl": exp(loss), "tokens": bytes scored}``.
+        ``{"loss": nats per byte, "ppl": exp(loss), "tokens": bytes scored}``, with
+        ``"position_loss"`` (a list) when asked.
 
     Raises:
         ValueError: see ``window_starts``.
     """
-    starts = window_starts(data.numel(), length, longest=longest, max_tokens=max_tokens)
+    starts = window_starts(
+        data.numel(), length, longest=longest, max_tokens=max_tokens, stride=stride
+    )
+    scored = stride or length
     mine = starts[context.rank :: context.world]
     per_batch = max(1, _BATCH_TOKENS // length)
     offsets = torch.arange(length + 1)
-    nll = torch.zeros((), dtype=torch.float64)
+    nll = torch.zeros(scored, dtype=torch.float64)  # summed over windows, per position
     for chunk in mine.split(per_batch):
         window = data[chunk[:, None] + offsets].long().to(context.device)  # [B, T+1]
-        logits = model(window[:, :-1])  # [B, T, V]
-        targets = window[:, 1:].flatten()
-        nll += F.cross_entropy(logits.double().flatten(0, 1), targets, reduction="sum").cpu()
-    total = context.sum(nll)
-    tokens = starts.numel() * length
-    loss = float(total) / tokens
-    return {"loss": loss, "ppl": math.exp(loss), "tokens": tokens}
+        logits = model(window[:, :-1])[:, length - scored :]  # [B, S, V]
+        targets = window[:, 1 + length - scored :]  # [B, S]
+        loss = F.cross_entropy(logits.double().transpose(1, 2), targets, reduction="none")
+        nll += loss.sum(0).cpu()
+    per_position = context.sum(nll) / starts.numel()  # [S]
+    tokens = starts.numel() * scored
+    loss = float(per_position.mean())
+    out: dict[str, object] = {"loss": loss, "ppl": math.exp(loss), "tokens": tokens}
+    if by_position:
+        bins = math.gcd(POSITION_BINS, scored)
+        out["position_loss"] = per_position.view(bins, -1).mean(1).tolist()
+    return out
 
 
 @torch.inference_mode()
 def accuracy(
     model: nn.Module, task: Task, length: int, *, examples: int, seed: int, context: Context
-) -> dict[str, float]:
+) -> dict[str, object]:
     """Exact-match and per-token accuracy on ``examples`` task examples of ``length``.
 
     The examples depend only on ``seed`` and ``length`` (the same for every model).
 
     Returns:
-        ``{"accuracy": solved fraction, "token_accuracy": ..., "examples": count}``.
+        ``{"accuracy": solved fraction, "token_accuracy": ..., "examples": count}``; for
+        ``passkey`` also ``"depths"``: ``{depth: solved fraction}`` per key depth.
     """
     gen = torch.Generator().manual_seed(seed * 1_000_003 + length)
     inputs, targets = task.batch(examples, length, gen, exact=True)
-    inputs, targets = context.shard(inputs), context.shard(targets)
+    group = torch.arange(examples) % len(DEPTHS)  # the key's depth (passkey)
+    inputs, targets, group = (context.shard(t) for t in (inputs, targets, group))
     per_batch = max(1, _BATCH_TOKENS // length)
-    sums = torch.zeros(3, dtype=torch.float64)  # solved, right tokens, scored tokens
-    for x, y in zip(inputs.split(per_batch), targets.split(per_batch), strict=True):
+    sums = torch.zeros(3 + len(DEPTHS), dtype=torch.float64)  # solved, right, scored, per depth
+    for x, y, g in zip(*(t.split(per_batch) for t in (inputs, targets, group)), strict=True):
         x, y = x.to(context.device), y.to(context.device)
         scored = y != IGNORE
         right = (model(x).argmax(-1) == y) & scored  # [B, T]
-        solved = (right.sum(-1) == scored.sum(-1)).sum()
-        sums += torch.stack((solved, right.sum(), scored.sum())).double().cpu()
-    solved, right, scored = context.sum(sums).tolist()
-    return {"accuracy": solved / examples, "token_accuracy": right / scored, "examples": examples}
+        solved = (right.sum(-1) == scored.sum(-1)).cpu()  # [B]
+        by_depth = torch.zeros(len(DEPTHS), dtype=torch.float64).index_add_(0, g, solved.double())
+        head = torch.stack((solved.sum(), right.sum().cpu(), scored.sum().cpu())).double()
+        sums += torch.cat((head, by_depth))
+    totals = context.sum(sums).tolist()
+    solved, right, scored = totals[:3]
+    out: dict[str, object] = {
+        "accuracy": solved / examples,
+        "token_accuracy": right / scored,
+        "examples": examples,
+    }
+    if task.name == "passkey":
+        counts = torch.bincount(torch.arange(examples) % len(DEPTHS), minlength=len(DEPTHS))
+        out["depths"] = {
+            str(d): totals[3 + i] / max(1, int(counts[i])) for i, d in enumerate(DEPTHS)
+        }
+    return out

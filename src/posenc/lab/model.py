@@ -6,7 +6,9 @@ LayerNorm and an untied output projection. One encoding instance serves every la
 its INPUT hook is applied here to the token embeddings, its QK / SCORE / VALUE hooks by
 ``posenc.MultiHeadAttention`` in each block, so the lab measures the library's own
 attention. Token embeddings keep PyTorch's N(0, 1) initialisation, the scale of a
-sinusoidal table, so neither drowns the other at the start.
+sinusoidal table, so neither drowns the other at the start; a learned position table is
+drawn at that scale too (N(0, 1) rather than GPT-2's N(0, 0.02^2), which next to N(0, 1)
+token embeddings starts the model with almost no position signal).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from torch import Tensor, nn
 
 from posenc.attention import MultiHeadAttention
 from posenc.base import PositionalEncoding, Site
+from posenc.encodings.learned import LearnedPositionalEncoding
 
 __all__ = ["TinyLM"]
 
@@ -62,7 +65,9 @@ class TinyLM(nn.Module):
             "num_layers": num_layers,
             "num_heads": num_heads,
         }
-        self.embedding = nn.Embedding(vocab_size, d_model)
+        self.embedding = nn.Embedding(vocab_size, d_model)  # N(0, 1)
+        if isinstance(encoding, LearnedPositionalEncoding):
+            nn.init.normal_(encoding.weight, mean=0.0, std=1.0)  # the embeddings' scale
         self.encoding = encoding
         self.blocks = nn.ModuleList(_Block(d_model, num_heads, encoding) for _ in range(num_layers))
         self.ln_out = nn.LayerNorm(d_model)

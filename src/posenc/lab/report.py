@@ -1,77 +1,147 @@
-"""The lab's report: the table (terminal and Markdown) and the plot against length.
+"""The lab's report: tables over seeds (terminal and Markdown), paired wins, the orderings
+that hold in every seed, and notes.
 
 Shapes: one row per trained model and per evaluation-time variant (a rotary scaling, an
-interpolated learned table, a fine-tune), one column per evaluation length. Text runs
-show per-byte perplexity (lower is better), synthetic tasks exact-match accuracy.
-matplotlib is imported only when a plot is drawn (Agg backend, no display needed).
+interpolated learned table, a fine-tune), one column per evaluation length; each cell the
+mean over seeds with its 95 % interval (``posenc.lab.stats``). Text runs show per-byte
+perplexity (lower is better), synthetic tasks exact-match accuracy (higher is better).
+The figures are drawn by ``posenc.lab.plots``.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["cells", "markdown", "plot", "plot_name", "print_table"]
+from posenc.lab import stats
+from posenc.lab.plots import figure_names
 
-_METRIC_NAME = {"ppl": "perplexity", "accuracy": "accuracy"}
+__all__ = ["conclusions", "markdown", "print_table", "table_cells"]
+
 _METRIC_TITLE = {
     "ppl": "per-byte perplexity on held-out text (lower is better)",
     "accuracy": "exact-match accuracy (higher is better)",
 }
+SMOKE = "smoke test (--quick): a tiny model trained for seconds; its numbers carry no signal"
 
 
-def _format(metric: str, value: dict | None) -> str:
-    if value is None:
-        return "n/a"
+def _number(metric: str, value: float) -> str:
     if metric == "accuracy":
-        return f"{100 * value['accuracy']:.1f}%"
-    ppl = value["ppl"]
-    return f"{ppl:.2f}" if ppl < 1000 else f"{ppl:.3g}"
+        return f"{100 * value:.1f}%"
+    return f"{value:.2f}" if value < 1000 else f"{value:.3g}"
 
 
-def cells(results: dict) -> list[tuple[str, list[str]]]:
-    """``(label, one cell per evaluation length)`` for every row of ``results``."""
+def _cell(metric: str, cell: stats.Cell) -> str:
+    if cell.mean is None:
+        return "n/a"
+    text = _number(metric, cell.mean)
+    if cell.half_width is not None:
+        width = 100 * cell.half_width if metric == "accuracy" else cell.half_width
+        text += f" ± {width:.1f}" if metric == "accuracy" or width >= 0.1 else f" ± {width:.2f}"
+    return text
+
+
+def table_cells(results: dict) -> list[tuple[str, list[str]]]:
+    """``(label, one cell per evaluation length)``: mean ± 95 % interval over seeds, and a
+    line per run that did not finish or whose task was not learned."""
     lens = [str(n) for n in results["config"]["eval_lens"]]
-    out = []
+    out = [
+        (row.label, [_cell(results["metric"], row.cells[n]) for n in lens])
+        for row in stats.rows(results)
+    ]
     for run in results["runs"]:
+        label = f"{run['encoding']} (seed {run['seed']})"
         if run["status"] != "ok":
-            out.append((run["encoding"], [run["status"]] * len(lens)))
-            continue
-        for row in run["rows"]:
-            out.append(
-                (row["label"], [_format(results["metric"], row["results"][n]) for n in lens])
-            )
+            out.append((label, [run["status"]] * len(lens)))
+        elif run.get("learned") is False:
+            out.append((label, ["not learned"] * len(lens)))
     return out
+
+
+def _title(results: dict) -> str:
+    config = results["config"]
+    seeds = len(results["seeds"])
+    return (
+        f"posenc lab: {_METRIC_TITLE[results['metric']]}, trained at {config['train_len']}, "
+        f"mean ± 95% interval over {seeds} seed{'s' if seeds > 1 else ''}"
+    )
 
 
 def print_table(results: dict, console: Console) -> None:
     """The table on the terminal (rich)."""
-    config = results["config"]
-    table = Table(
-        title=f"posenc lab: {_METRIC_TITLE[results['metric']]}, trained at {config['train_len']}"
-    )
+    table = Table(title=_title(results))
     table.add_column("encoding")
-    for n in config["eval_lens"]:
+    for n in results["config"]["eval_lens"]:
         table.add_column(str(n), justify="right")
-    for label, row in cells(results):
+    for label, row in table_cells(results):
         table.add_row(label, *row)
     console.print(table)
+    if results.get("quick"):
+        console.print(f"[bold]{SMOKE}[/bold]")
+
+
+def conclusions(results: dict) -> list[str]:
+    """One sentence per evaluation length: the rows best first, ``<`` (``>`` for
+    accuracy) where the left row is better in every seed, ``≈`` where it is not."""
+    seeds = len(results["seeds"])
+    if seeds < 2:
+        return ["With one seed no ordering is established; run with --seeds 3 or more."]
+    higher = stats.higher_is_better(results["metric"])
+    table = stats.rows(results)
+    train_len = results["config"]["train_len"]
+    sentences = []
+    for n in results["config"]["eval_lens"]:
+        ranked = stats.chain(table, str(n), higher=higher)
+        if not ranked:
+            continue
+        text = ""
+        for label, holds in ranked:
+            text += f"{label}" + ((" > " if higher else " < ") if holds else " ≈ ")
+        where = "the training length" if n == train_len else f"{n / train_len:g}x training"
+        sentences.append(f"At {n} ({where}): {text[:-3]}.")
+    return sentences
+
+
+def _paired_table(results: dict) -> list[str]:
+    """Paired wins at the longest length: the row beats the column in k of n seeds."""
+    higher = stats.higher_is_better(results["metric"])
+    length = str(max(results["config"]["eval_lens"]))
+    table = [r for r in stats.rows(results) if r.cells[length].mean is not None]
+    if len(table) < 2 or len(results["seeds"]) < 2:
+        return []
+    lines = [
+        f"Paired wins at {length}: seeds in which the row's model beats the column's "
+        "(same seed: same initialisation, data order and evaluation text).",
+        "",
+        "| | " + " | ".join(r.label for r in table) + " |",
+        "|---|" + "---:|" * len(table),
+    ]
+    for a in table:
+        cells = []
+        for b in table:
+            if a is b:
+                cells.append("")
+                continue
+            wins, both = stats.paired_wins(a.cells[length], b.cells[length], higher=higher)
+            cells.append(f"{wins}/{both}")
+        lines.append(f"| {a.label} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
 
 
 def markdown(results: dict) -> str:
-    """``report.md``: what was run, the table, the plot and the notes."""
+    """``report.md``: what was run, the table, the orderings, paired wins, figures, notes."""
     config, data = results["config"], results["data"]
     lens = config["eval_lens"]
-    lines = [
-        "# posenc lab",
-        "",
+    seeds = ", ".join(str(s) for s in results["seeds"])
+    lines = ["# posenc lab", ""]
+    if results.get("quick"):
+        lines += [f"**This is a {SMOKE}.**", ""]
+    lines += [
         f"Task: {'text' if config['task'] == 'lm' else config['task']}. "
         f"Metric: {_METRIC_TITLE[results['metric']]}.",
         f"Each model: {config['num_layers']} layers, d_model {config['d_model']}, "
         f"{config['num_heads']} heads, {config['steps']} steps of {config['batch_size']} "
-        f"windows of {config['train_len']} tokens (seed {config['seed']}).",
+        f"windows of {config['train_len']} tokens; seeds {seeds}.",
     ]
     if "sha256" in data:
         lines.append(
@@ -79,84 +149,45 @@ def markdown(results: dict) -> str:
             f"{len(data['heldout_files'])} held-out files, {data['heldout_bytes']} held-out "
             f"bytes), sha256 `{data['sha256']}`."
         )
+    finished = sum(run["status"] == "ok" for run in results["runs"])
+    if results["status"] == "empty" or finished == 0:
+        lines += ["", f"**No run finished** (sweep {results['status']}): nothing to report.", ""]
+        return "\n".join(lines + _notes(results))
     if results["status"] != "complete":
-        lines.append(f"**Sweep {results['status']}**: the table shows the runs that finished.")
+        lines.append(
+            f"**Sweep {results['status']}**: {len(results['runs'])} of "
+            f"{len(config['encodings']) * len(results['seeds'])} runs finished; the tables "
+            "show those."
+        )
     lines += ["", "| encoding | " + " | ".join(str(n) for n in lens) + " |"]
     lines.append("|---|" + "---:|" * len(lens))
-    lines += [f"| {label} | " + " | ".join(row) + " |" for label, row in cells(results)]
-    lines += ["", f"![{_METRIC_NAME[results['metric']]} against length]({plot_name(results)})", ""]
-    notes = _notes(results)
-    if notes:
-        lines += ["Notes:", "", *(f"- {note}" for note in notes), ""]
-    return "\n".join(lines)
+    lines += [f"| {label} | " + " | ".join(row) + " |" for label, row in table_cells(results)]
+    lines += [
+        "",
+        "Orderings (`<`/`>`: better in every seed; `≈`: not in every seed, within noise):",
+        "",
+        *(f"- {sentence}" for sentence in conclusions(results)),
+        "",
+        *_paired_table(results),
+    ]
+    lines += [f"![{name}]({name})" for name in figure_names(results)]
+    return "\n".join([*lines, "", *_notes(results)])
 
 
 def _notes(results: dict) -> list[str]:
-    notes = []
+    notes = list(results.get("notes", []))
     for run in results["runs"]:
+        where = f"{run['encoding']} (seed {run['seed']})"
         if run["status"] != "ok":
-            notes.append(f"{run['encoding']}: {run['status']}: {run.get('error')}")
+            notes.append(f"{where}: {run['status']}: {run.get('error')}")
             continue
+        if run.get("learned") is False:
+            notes.append(f"{where}: the task was not learned at the training length")
         for row in run["rows"]:
-            if row["notes"]:
+            if row["notes"] and run["seed"] == results["seeds"][0]:
                 lengths = ", ".join(row["notes"])
                 first = next(iter(row["notes"].values()))
                 notes.append(f"{row['label']}: n/a at {lengths}: {first}")
-    return notes
-
-
-def plot_name(results: dict) -> str:
-    return "perplexity.png" if results["metric"] == "ppl" else "accuracy.png"
-
-
-def plot(results: dict, out: Path) -> Path:
-    """Draw the metric against evaluation length, one line per row; return the PNG path."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import LogFormatter
-
-    config, metric = results["config"], results["metric"]
-    lens = config["eval_lens"]
-    fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
-    styles = {"trained": "-", "scaling": "--", "interpolate": ":", "finetune": "-."}
-    for run in results["runs"]:
-        for row in run["rows"] if run["status"] == "ok" else []:
-            points = [(n, row["results"][str(n)]) for n in lens if row["results"][str(n)]]
-            if not points:
-                continue
-            ys = [v["ppl"] if metric == "ppl" else v["accuracy"] for _, v in points]
-            ax.plot([n for n, _ in points], ys, styles[row["kind"]], marker="o", label=row["label"])
-    ax.axvline(config["train_len"], color="grey", linewidth=1)
-    ax.annotate(
-        "training length",
-        (config["train_len"], 0.98),
-        xycoords=("data", "axes fraction"),
-        rotation=90,
-        va="top",
-        ha="right",
-        color="grey",
-        fontsize=8,
-    )
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(lens, [str(n) for n in lens])
-    if metric == "ppl":
-        ax.set_yscale("log")
-        ax.yaxis.set_major_formatter(LogFormatter(labelOnlyBase=False))
-        ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
-        ax.set_ylabel("per-byte perplexity (log scale)")
-    else:
-        ax.set_ylim(-0.02, 1.02)
-        ax.set_ylabel("exact-match accuracy")
-    ax.set_xlabel("evaluation length (tokens)")
-    what = "held-out text" if config["task"] == "lm" else f"task {config['task']}"
-    ax.set_title(f"posenc lab: {what}, trained at length {config['train_len']}")
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    ax.grid(True, which="both", alpha=0.3)
-    path = out / plot_name(results)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, bbox_inches="tight")
-    plt.close(fig)
-    tmp.replace(path)
-    return path
+    if not notes:
+        return []
+    return ["Notes:", "", *(f"- {note}" for note in notes), ""]

@@ -2,19 +2,24 @@
 
 Layout of ``--out``::
 
-    config.json         the sweep's identity (what a rerun in this folder must match)
-    runs/<name>.json    one finished run per encoding, written as soon as it completes
-    results.json        every run merged, with configuration, environment and corpus
-    report.md, *.png    the table and the plot (``posenc.lab.report``)
+    config.json           the sweep's identity (what a rerun in this folder must match)
+    sweep.toml            the sweep file, when the sweep came from ``--config``
+    runs/<enc>-s<seed>.json, .pt   one finished run (and its weights) per encoding and seed
+    results.json          every run merged, with configuration, environment and corpus
+    report.md, *.png      the tables and figures (``posenc.lab.report``, ``.plots``)
 
 Every file is written to a temporary file in the same folder and moved into place with
-``os.replace``, so an interrupted sweep never leaves a half-written file behind.
+``os.replace``, so an interrupted sweep never leaves a half-written file behind; the
+temporary files an interrupted writer left (``.*.tmp``) are removed when a sweep resumes.
+A finished run counts only when its record has the right shape and its weights load.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import pickle
 import platform
 import sys
 import tempfile
@@ -30,6 +35,8 @@ __all__ = [
     "check_identity",
     "environment",
     "finished_runs",
+    "remove_stale",
+    "run_environment",
     "write_json",
     "write_text",
     "write_weights",
@@ -41,32 +48,50 @@ _UMASK = os.umask(0)
 os.umask(_UMASK)
 
 
-def write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically (temporary file + ``os.replace``)."""
+def write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (temporary file + ``os.replace``).
+
+    Raises:
+        OSError: the folder cannot be created or written (full disk, read-only, denied).
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600; give the usual mode
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically, UTF-8."""
+    write_bytes(path, text.encode("utf-8"))
 
 
 def write_weights(path: Path, model: torch.nn.Module) -> None:
-    """Save ``model.state_dict()`` to ``path`` atomically (load: ``weights_only=True``)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+    """Save ``model.state_dict()`` to ``path`` atomically (load: ``weights_only=True``);
+    serialised in memory first, so a file-system error is an ``OSError`` naming it."""
+    buffer = io.BytesIO()
+    torch.save(model.state_dict(), buffer)
+    write_bytes(path, buffer.getvalue())
+
+
+def remove_stale(out: Path) -> list[Path]:
+    """Delete the temporary files an interrupted writer left in ``out`` and ``out/runs``."""
+    stale = [p for folder in (out, out / "runs") for p in folder.glob(".*.tmp*") if p.is_file()]
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return stale
+
+
+def _read_json(path: Path) -> object:
     try:
-        torch.save(model.state_dict(), tmp)
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600; give the usual mode
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{str(path)!r} is not valid JSON ({exc}); move it away") from None
 
 
 def write_json(path: Path, obj: object) -> None:
@@ -85,7 +110,11 @@ def check_identity(out: Path, identity: dict[str, object]) -> None:
         raise ValueError(f"--out {str(out)!r} exists and is not a folder")
     path = out / "config.json"
     if path.exists():
-        previous = json.loads(path.read_text(encoding="utf-8"))
+        previous = _read_json(path)
+        if not isinstance(previous, dict):
+            raise ValueError(
+                f"{str(path)!r} is not a lab configuration (a JSON object); move it away"
+            )
         differ = sorted(
             k for k in set(previous) | set(identity) if previous.get(k) != identity.get(k)
         )
@@ -98,17 +127,55 @@ def check_identity(out: Path, identity: dict[str, object]) -> None:
     write_json(path, identity)
 
 
-def finished_runs(out: Path, identity_hash: str) -> dict[str, dict]:
-    """Runs in ``out/runs`` that finished under the configuration ``identity_hash``."""
+_RUN_FIELDS = {"encoding": str, "seed": int, "status": str, "rows": list}
+
+
+def finished_runs(out: Path, identity_hash: str) -> dict[tuple[str, int], dict]:
+    """Runs in ``out/runs`` that finished under ``identity_hash``, by (encoding, seed).
+
+    A run whose saved weights are missing or do not load (a truncated file) is left out,
+    so the sweep does it again.
+
+    Raises:
+        ValueError: a run file is not JSON or not a run record (the message names it).
+    """
     runs = {}
     for path in sorted((out / "runs").glob("*.json")):
-        try:
-            record = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError):
+        record = _read_json(path)
+        wrong = not isinstance(record, dict) or any(
+            not isinstance(record.get(key), kind) for key, kind in _RUN_FIELDS.items()
+        )
+        if wrong:
+            fields = ", ".join(f"{k} ({t.__name__})" for k, t in _RUN_FIELDS.items())
+            raise ValueError(
+                f"{str(path)!r} is not a lab run record (needs {fields}); move it away"
+            )
+        if record.get("identity") != identity_hash or record["status"] not in FINISHED:
             continue
-        if record.get("identity") == identity_hash and record.get("status") in FINISHED:
-            runs[record["encoding"]] = record
+        if record.get("weights") and not _weights_load(out / record["weights"]):
+            continue
+        runs[record["encoding"], record["seed"]] = record
     return runs
+
+
+def _weights_load(path: Path) -> bool:
+    try:
+        torch.load(path, weights_only=True)
+    except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError):
+        return False
+    return True
+
+
+def run_environment(context) -> dict[str, object]:
+    """What one run's numbers depend on besides its configuration: threads, device,
+    process count and library versions."""
+    return {
+        "torch_threads": torch.get_num_threads(),
+        "device": str(context.device),
+        "processes": context.world,
+        "torch": torch.__version__,
+        "posenc": posenc.__version__,
+    }
 
 
 def environment(*, threads: int, world: int, device: torch.device) -> dict[str, object]:

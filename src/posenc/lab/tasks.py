@@ -8,7 +8,10 @@ answer token is the argmax (exact match, which is what greedy decoding would pro
 * ``copy``: ``x_1 .. x_n | x_1 .. x_n`` with ``n = T // 2`` symbols;
 * ``reverse``: ``x_1 .. x_n | x_n .. x_1``;
 * ``recall`` (multi-query associative recall): ``k_1 v_1 .. k_n v_n |`` followed by
-  ``min(n, 4)`` of the keys, each with its value to be recalled.
+  ``min(n, 4)`` of the keys, each with its value to be recalled;
+* ``passkey`` (Mohtashami & Jaggi 2023, "Landmark Attention", section 4.2): a 5-digit
+  key ``K d_1 .. d_5`` hidden at a depth inside periodic filler, then ``Q`` and the key
+  to be retrieved. Evaluation places the key at ``DEPTHS`` of the window in turn.
 
 Training samples every size up to the training length (shorter examples are padded on
 the right, which a causal model never sees); evaluation at length ``T`` uses the largest
@@ -22,7 +25,7 @@ from torch import Tensor
 
 from posenc._checks import check_int
 
-__all__ = ["IGNORE", "Task"]
+__all__ = ["DEPTHS", "IGNORE", "TASK_NAMES", "Task"]
 
 PAD, SEP = 0, 1
 #: Target value of tokens that are not scored (``F.cross_entropy``'s ``ignore_index``).
@@ -30,13 +33,19 @@ IGNORE = -100
 _SYMBOLS = 16  # content alphabet of copy/reverse, value alphabet of recall
 _FIRST = 2  # first content token id
 _QUERIES = 4
+#: The synthetic tasks.
+TASK_NAMES = ("copy", "reverse", "recall", "passkey")
+#: Passkey: digits, filler period, and the depths (fractions of the filler before the key)
+#: evaluated in turn.
+_DIGITS, _FILLER, _KEY_LEN = 10, 6, 5
+DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
 class Task:
     """One synthetic task for lengths up to ``max_len``.
 
     Args:
-        name: ``"copy"``, ``"reverse"`` or ``"recall"``.
+        name: one of ``TASK_NAMES``.
         max_len: the longest length the task will be asked for (sizes recall's key set).
 
     Raises:
@@ -44,24 +53,33 @@ class Task:
     """
 
     def __init__(self, name: str, max_len: int) -> None:
-        if name not in ("copy", "reverse", "recall"):
-            raise ValueError(f"unknown task {name!r}; known tasks: copy, reverse, recall")
+        if name not in TASK_NAMES:
+            raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(TASK_NAMES)}")
         self.name = name
         self.max_len = check_int("max_len", max_len, minimum=4)
         self.num_keys = self.size(max_len) if name == "recall" else 0
 
     @property
     def vocab_size(self) -> int:
+        if self.name == "passkey":
+            return _FIRST + _DIGITS + _FILLER + 2  # digits, filler, K, Q
         return _FIRST + _SYMBOLS + self.num_keys
 
     def size(self, length: int) -> int:
-        """The largest problem size whose input fits ``length`` tokens."""
+        """The largest problem size whose input fits ``length`` tokens (passkey: filler)."""
+        if self.name == "passkey":
+            return length + 1 - 2 * (_KEY_LEN + 1)
         if self.name != "recall":
             return length // 2
         return length // 2 - _QUERIES if length >= 4 * _QUERIES else length // 4
 
-    def example(self, n: int, gen: torch.Generator) -> tuple[Tensor, Tensor]:
-        """One example of size ``n``: input tokens ``[L]`` and targets ``[L]``."""
+    def example(
+        self, n: int, gen: torch.Generator, depth: float | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """One example of size ``n``: input tokens ``[L]`` and targets ``[L]`` (passkey:
+        the key after ``depth * n`` filler tokens; ``None``: a random depth)."""
+        if self.name == "passkey":
+            return self._passkey(n, gen, depth)
         if self.name == "recall":
             keys = _FIRST + _SYMBOLS + torch.randperm(self.num_keys, generator=gen)[:n]
             values = torch.randint(_FIRST, _FIRST + _SYMBOLS, (n,), generator=gen)
@@ -80,13 +98,28 @@ class Task:
         targets = torch.where(scored, seq[1:], IGNORE)
         return seq[:-1], targets
 
+    def _passkey(self, n: int, gen: torch.Generator, depth: float | None) -> tuple[Tensor, Tensor]:
+        key_mark, query_mark = _FIRST + _DIGITS + _FILLER, _FIRST + _DIGITS + _FILLER + 1
+        digits = torch.randint(_FIRST, _FIRST + _DIGITS, (_KEY_LEN,), generator=gen)
+        filler = _FIRST + _DIGITS + torch.arange(n) % _FILLER
+        if depth is None:
+            before = int(torch.randint(0, n + 1, (1,), generator=gen))
+        else:
+            before = round(depth * n)
+        key = torch.cat((torch.tensor([key_mark]), digits))
+        query = torch.cat((torch.tensor([query_mark]), digits))
+        seq = torch.cat((filler[:before], key, filler[before:], query))
+        scored = torch.zeros(seq.numel() - 1, dtype=torch.bool)
+        scored[-_KEY_LEN:] = True  # Q d_1 .. d_4 predict d_1 .. d_5
+        return seq[:-1], torch.where(scored, seq[1:], IGNORE)
+
     def batch(
         self, batch_size: int, length: int, gen: torch.Generator, *, exact: bool
     ) -> tuple[Tensor, Tensor]:
         """``batch_size`` examples padded to ``length``: inputs and targets ``[B, T]``.
 
-        ``exact`` uses the largest size for ``length``; otherwise sizes are uniform in
-        ``1 .. size(length)``.
+        ``exact`` uses the largest size for ``length`` (passkey: row ``i`` puts its key at
+        ``DEPTHS[i % len(DEPTHS)]``); otherwise sizes (and depths) are uniform.
 
         Raises:
             ValueError: ``length`` exceeds ``max_len`` or is too short for one example.
@@ -95,7 +128,7 @@ class Task:
         if top < 1 or length > self.max_len:
             raise ValueError(
                 f"task {self.name} cannot make examples of length {length} "
-                f"(supported: 4 .. {self.max_len})"
+                f"(supported: up to {self.max_len}, and room for one example)"
             )
         inputs = torch.full((batch_size, length), PAD, dtype=torch.long)
         targets = torch.full((batch_size, length), IGNORE, dtype=torch.long)
@@ -105,7 +138,8 @@ class Task:
             else torch.randint(1, top + 1, (batch_size,), generator=gen)
         )
         for row, n in enumerate(sizes.tolist()):
-            x, y = self.example(n, gen)
+            depth = DEPTHS[row % len(DEPTHS)] if exact and self.name == "passkey" else None
+            x, y = self.example(n, gen, depth)
             inputs[row, : x.numel()] = x
             targets[row, : y.numel()] = y
         return inputs, targets

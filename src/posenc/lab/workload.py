@@ -1,6 +1,6 @@
 """What the lab's models learn and how they are scored: bytes of text (per-byte
-perplexity, Press et al. 2022, section 4) or a synthetic task (exact-match accuracy,
-Kazemnejad et al. 2023, section 3).
+perplexity, Press et al. 2022, section 4) or a synthetic task (accuracy,
+Kazemnejad et al. 2023, section 3; passkey retrieval, Mohtashami & Jaggi 2023).
 
 Shapes: ``B`` batch, ``T`` length. A ``Workload`` hands out samplers of global batches
 ``(inputs [B, T], targets [B, T])`` for a length and seed, and scores a model at one
@@ -36,7 +36,7 @@ class Workload:
     data: dict[str, object]
     sha256: str | None
     sampler: Callable[[int, int], Sampler]  # (length, seed) -> global batches
-    evaluate: Callable[[nn.Module, int], dict[str, float]]
+    evaluate: Callable[[nn.Module, int, int], dict[str, object]]  # (model, length, seed)
 
 
 def make_workload(config: LabConfig, context: Context) -> Workload:
@@ -56,17 +56,14 @@ def make_workload(config: LabConfig, context: Context) -> Workload:
             data={"task": config.task, "vocab_size": task.vocab_size},
             sha256=None,
             sampler=lambda length, seed: TaskStream(task, length, seed),
-            evaluate=lambda model, length: accuracy(
-                model,
-                task,
-                length,
-                examples=config.eval_examples,
-                seed=config.seed,
-                context=context,
+            evaluate=lambda model, length, seed: accuracy(
+                model, task, length, examples=config.eval_examples, seed=seed, context=context
             ),
         )
     corpus = load_corpus(config.corpus)
-    if segment_count(corpus.heldout.numel(), longest, config.eval_tokens) == 0:
+    _text_score = _text_scores(config, context)
+    reserve = 0 if config.eval_stride is None else longest  # context before sliding windows
+    if segment_count(corpus.heldout.numel() - reserve, longest, config.eval_tokens) == 0:
         raise ValueError(
             f"the held-out part of corpus {corpus.source!r} has {corpus.heldout.numel()} bytes, "
             f"too few for one window of evaluation length {longest}"
@@ -82,12 +79,30 @@ def make_workload(config: LabConfig, context: Context) -> Workload:
         data=corpus.describe(),
         sha256=corpus.sha256,
         sampler=lambda length, seed: TextWindows(corpus.train, length, seed),
-        evaluate=lambda model, length: perplexity(
-            model,
-            corpus.heldout,
-            length,
-            longest=longest,
-            max_tokens=config.eval_tokens,
-            context=context,
-        ),
+        evaluate=lambda model, length, seed: _text_score(model, corpus.heldout, length),
     )
+
+
+def _text_scores(config: LabConfig, context: Context) -> Callable[..., dict[str, object]]:
+    """Scores at one length: perplexity (with the loss by position at the longest
+    length) and, with ``eval_stride``, sliding-window perplexity under ``"sliding"``."""
+    longest = max(config.eval_lens)
+
+    def scores(model: nn.Module, data: torch.Tensor, length: int) -> dict[str, object]:
+        def score(**options: object) -> dict[str, object]:
+            return perplexity(
+                model,
+                data,
+                length,
+                longest=longest,
+                max_tokens=config.eval_tokens,
+                context=context,
+                **options,
+            )
+
+        out = score(by_position=length == longest)
+        if config.eval_stride is not None and config.eval_stride < length:
+            out["sliding"] = {**score(stride=config.eval_stride), "stride": config.eval_stride}
+        return out
+
+    return scores

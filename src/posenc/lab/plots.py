@@ -1,0 +1,180 @@
+"""The lab's figures: the metric against evaluation length (mean over seeds with its 95 %
+interval) and, for text, perplexity against position inside the longest windows.
+
+Every row keeps its colour and marker from ``posenc.palette`` in every run; rows that
+tie (variants equal to their model up to the training length) are drawn side by side,
+slightly apart on the length axis; a row with no value at a length (a learned table past
+its rows) gets an open "n/a" marker at the top. matplotlib is imported only when a
+figure is drawn (Agg backend, no display needed). Nothing is drawn without a value.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from posenc.lab import stats
+from posenc.palette import style
+
+__all__ = ["draw_all", "figure_names"]
+
+_DODGE = 0.012  # log2 units between neighbouring rows at one length
+
+
+def _has_positions(results: dict) -> bool:
+    longest = str(max(results["config"]["eval_lens"]))
+    return any(
+        (row["results"].get(longest) or {}).get("position_loss")
+        for run in results["runs"]
+        if run["status"] == "ok"
+        for row in run["rows"]
+    )
+
+
+def figure_names(results: dict) -> list[str]:
+    """The figures ``draw_all`` writes for ``results`` (none without a finished row)."""
+    if not stats.rows(results):
+        return []
+    names = ["perplexity.png" if results["metric"] == "ppl" else "accuracy.png"]
+    if _has_positions(results):
+        names.append("position.png")
+    return names
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: Path) -> Path:
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, bbox_inches="tight")
+    tmp.replace(path)
+    return path
+
+
+def _log_ticks(ax, low: float, high: float) -> None:
+    """Readable ticks on a log perplexity axis: 1-2-5 steps across the data's range."""
+    from matplotlib.ticker import FixedLocator, NullLocator
+
+    ticks = []
+    for decade in range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1):
+        for step in (1, 1.5, 2, 3, 5, 7):
+            value = step * 10**decade
+            if low / 1.05 <= value <= high * 1.05:
+                ticks.append(value)
+    ax.yaxis.set_major_locator(FixedLocator(ticks))
+    ax.yaxis.set_minor_locator(NullLocator())
+    ax.set_yticklabels([f"{t:g}" for t in ticks])
+
+
+def _length_figure(results: dict, out: Path, plt) -> Path:
+    config, metric = results["config"], results["metric"]
+    lens = config["eval_lens"]
+    table = stats.rows(results)
+    fig, ax = plt.subplots(figsize=(8.5, 5), dpi=120)
+    means = []
+    for index, row in enumerate(table):
+        look = style(row.label)
+        shift = 2 ** (_DODGE * (index - (len(table) - 1) / 2))
+        xs, ys, errs, missing = [], [], [], []
+        for n in lens:
+            cell = row.cells[str(n)]
+            if cell.mean is None:
+                missing.append(n * shift)
+                continue
+            xs.append(n * shift)
+            ys.append(cell.mean)
+            errs.append(cell.half_width or 0.0)
+        means += ys
+        ax.errorbar(xs, ys, yerr=errs, color=look.color, marker=look.marker,
+                    linestyle=look.linestyle, markersize=4, capsize=2, linewidth=1.2,
+                    label=row.label)  # fmt: skip
+        if missing:
+            ax.plot(missing, [0.97] * len(missing), look.marker, color=look.color,
+                    markerfacecolor="none", transform=ax.get_xaxis_transform())  # fmt: skip
+            for x in missing:
+                ax.annotate("n/a", (x, 0.97), xycoords=("data", "axes fraction"),
+                            fontsize=6, color=look.color, xytext=(4, -2),
+                            textcoords="offset points")  # fmt: skip
+    _mark_training_length(ax, config["train_len"])
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(lens, [str(n) for n in lens])
+    ax.minorticks_off()
+    if metric == "ppl":
+        ax.set_yscale("log")
+        if means:
+            _log_ticks(ax, min(means), max(means))
+        ax.set_ylabel("per-byte perplexity (log scale)")
+    else:
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_ylabel("exact-match accuracy")
+    ax.set_xlabel("evaluation length (tokens)")
+    what = "held-out text" if config["task"] == "lm" else f"task {config['task']}"
+    seeds = len(results["seeds"])
+    ax.set_title(f"posenc lab: {what}, trained at {config['train_len']}; mean and 95% interval "
+                 f"over {seeds} seed{'s' if seeds > 1 else ''}", fontsize=9)  # fmt: skip
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    ax.grid(True, which="major", alpha=0.3)
+    path = _save(fig, out / figure_names(results)[0])
+    plt.close(fig)
+    return path
+
+
+def _mark_training_length(ax, train_len: int) -> None:
+    ax.axvline(train_len, color="grey", linewidth=1)
+    ax.annotate("training length", (train_len, 0.5), xycoords=("data", "axes fraction"),
+                rotation=90, va="center", ha="right", color="grey", fontsize=8)  # fmt: skip
+
+
+def _position_figure(results: dict, out: Path, plt) -> Path:
+    config = results["config"]
+    longest = str(max(config["eval_lens"]))
+    curves: dict[str, list[list[float]]] = {}
+    for run in results["runs"]:
+        if run["status"] != "ok":
+            continue
+        for row in run["rows"]:
+            losses = (row["results"].get(longest) or {}).get("position_loss")
+            if losses:
+                curves.setdefault(row["label"], []).append(losses)
+    fig, ax = plt.subplots(figsize=(8.5, 5), dpi=120)
+    everything = []
+    for label, per_seed in curves.items():
+        look = style(label)
+        bins = len(per_seed[0])
+        width = int(longest) / bins
+        mean = [sum(s[i] for s in per_seed) / len(per_seed) for i in range(bins)]
+        ppl = [math.exp(v) for v in mean]
+        everything += ppl
+        xs = [(i + 0.5) * width for i in range(bins)]
+        ax.plot(xs, ppl, color=look.color, linestyle=look.linestyle, marker=look.marker,
+                markevery=max(1, bins // 8), markersize=4, linewidth=1.2, label=label)  # fmt: skip
+    _mark_training_length(ax, config["train_len"])
+    ax.set_yscale("log")
+    _log_ticks(ax, min(everything), max(everything))
+    ax.set_xlabel(f"position inside windows of {longest} tokens")
+    ax.set_ylabel("per-byte perplexity (log scale)")
+    ax.set_title(f"posenc lab: loss by position at length {longest}, trained at "
+                 f"{config['train_len']} (mean over seeds)", fontsize=9)  # fmt: skip
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    ax.grid(True, which="major", alpha=0.3)
+    path = _save(fig, out / "position.png")
+    plt.close(fig)
+    return path
+
+
+def draw_all(results: dict, out: Path) -> list[Path]:
+    """Draw every figure of ``figure_names(results)`` into ``out``; return their paths."""
+    names = figure_names(results)
+    if not names:
+        return []
+    plt = _pyplot()
+    paths = [_length_figure(results, out, plt)]
+    if "position.png" in names:
+        paths.append(_position_figure(results, out, plt))
+    return paths

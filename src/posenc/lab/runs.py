@@ -1,0 +1,193 @@
+"""One run of the lab: an encoding and a seed, trained short and evaluated long.
+
+A run trains a ``TinyLM`` (the seed fixes the initialisation and the data order, the same
+for every encoding), evaluates it at every evaluation length, evaluates its variants
+(rotary scalings, the interpolated learned table; ``posenc.lab.variants``) and, for
+rotary encodings with ``finetune_steps``, the fine-tuned rows of Chen et al. 2023's
+protocol: the model fine-tuned at ``finetune_len`` unscaled (``+ft``) and under each of
+``finetune_scalings`` at the fixed factor ``finetune_len / train_len`` (``+linear +ft``),
+every row evaluated at every length. A synthetic task not learned at the training length
+(exact match below ``LEARNED``) is marked ``"learned": false`` and reported as such.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from rich.progress import Progress
+from torch import nn
+
+from posenc.lab.config import LabConfig
+from posenc.lab.distributed import Context
+from posenc.lab.model import TinyLM
+from posenc.lab.results import run_environment, write_weights
+from posenc.lab.train import NonFiniteLoss, train
+from posenc.lab.variants import Variant, build_encoding, is_rotary, variants
+from posenc.lab.workload import Workload
+
+__all__ = ["LEARNED", "Runner", "run_name"]
+
+#: In-distribution exact match a synthetic task needs to count as learned.
+LEARNED = 0.9
+
+
+def run_name(encoding: str, seed: int) -> str:
+    """The file stem of a run (``runs/<stem>.json`` and ``.pt``)."""
+    return f"{encoding}-s{seed}"
+
+
+class Runner:
+    """Trains and evaluates single runs of one sweep (its config, data, context, folder)."""
+
+    def __init__(
+        self,
+        config: LabConfig,
+        work: Workload,
+        context: Context,
+        out: Path,
+        progress: Progress,
+        identity: str,
+    ) -> None:
+        self.config, self.work, self.context = config, work, context
+        self.out, self.progress, self.identity = out, progress, identity
+
+    def _train(self, model: nn.Module, label: str, length: int, steps: int, seed: int, **opts):
+        config = self.config
+        batch = max(1, config.batch_size * config.train_len // length)
+        task = self.progress.add_task(label, total=steps, loss=float("nan"))
+        return train(
+            model,
+            self.work.sampler(length, 2 * seed + (length != config.train_len)),
+            steps=steps,
+            batch_size=max(self.context.world, batch - batch % self.context.world),
+            weight_decay=config.weight_decay,
+            context=self.context,
+            on_step=lambda step, loss: self.progress.update(task, completed=step, loss=loss),
+            **opts,
+        )
+
+    def _row(
+        self, label: str, kind: str, model_at: Callable[[int], nn.Module], seed: int, base=None
+    ) -> dict:
+        results, notes = {}, {}
+        for length in self.config.eval_lens:
+            if base is not None and length <= self.config.train_len:
+                results[str(length)] = base["results"][str(length)]
+                continue
+            try:
+                results[str(length)] = self.work.evaluate(model_at(length), length, seed)
+            except ValueError as exc:
+                results[str(length)], notes[str(length)] = None, str(exc)
+        return {"label": label, "kind": kind, "results": results, "notes": notes}
+
+    def _finetuned(self, name: str, model: TinyLM, label: str, options, seed: int) -> dict:
+        config = self.config
+        factor = config.tuned_len / config.train_len
+        label = f"{label} +ft"
+        try:
+            tuned = model.with_encoding(build_encoding(name, config, **options(factor)))
+            self._train(
+                tuned,
+                f"{label} s{seed}",
+                config.tuned_len,
+                config.finetune_steps,
+                seed,
+                lr=config.lr / 10,
+                warmup=max(1, config.finetune_steps // 10),
+            )
+        except (ValueError, NonFiniteLoss) as exc:
+            results = {str(n): None for n in config.eval_lens}
+            notes = {str(n): f"fine-tuning failed: {exc}" for n in config.eval_lens}
+            return {"label": label, "kind": "finetune", "results": results, "notes": notes}
+        return self._row(label, "finetune", lambda length: tuned, seed)
+
+    def run(self, name: str, seed: int) -> dict:
+        """Train and evaluate ``name`` with ``seed``; the run's record (status ``ok``,
+        ``failed`` for a non-finite loss, ``error`` for anything else but file errors).
+
+        Raises:
+            OSError: writing the weights failed (a full disk ends the sweep).
+        """
+        config, context = self.config, self.context
+        record: dict[str, object] = {
+            "encoding": name,
+            "seed": seed,
+            "identity": self.identity,
+            "environment": run_environment(context),
+        }
+        start = time.perf_counter()
+        torch.manual_seed(seed)
+        try:
+            model = TinyLM(
+                build_encoding(name, config),
+                vocab_size=self.work.vocab_size,
+                d_model=config.d_model,
+                num_layers=config.num_layers,
+                num_heads=config.num_heads,
+            ).to(context.device)
+            record["parameters"] = sum(p.numel() for p in model.parameters())
+            return self._evaluate_trained(name, seed, model, record, start)
+        except NonFiniteLoss as exc:
+            return {**record, "status": "failed", "error": str(exc), "rows": []}
+        except OSError:
+            raise
+        except Exception as exc:  # a broken encoding must not end the sweep; rerun later
+            message = f"{type(exc).__name__}: {exc}"
+            return {**record, "status": "error", "error": message, "rows": []}
+
+    def _evaluate_trained(
+        self, name: str, seed: int, model: TinyLM, record: dict, start: float
+    ) -> dict:
+        config = self.config
+        result = self._train(
+            model,
+            f"{name} s{seed}",
+            config.train_len,
+            config.steps,
+            seed,
+            lr=config.lr,
+            warmup=config.warmup,
+        )
+        record["train"] = {
+            "steps": result.steps,
+            "seconds": round(result.seconds, 2),
+            "tokens_per_second": round(
+                result.steps * config.batch_size * config.train_len / max(result.seconds, 1e-9)
+            ),
+            "final_loss": result.final_loss,
+            "curve": result.curve,
+        }
+        stem = run_name(name, seed)
+        if self.context.is_main:  # the trained weights, e.g. for `posenc show --table`
+            write_weights(self.out / "runs" / f"{stem}.pt", model)
+            record["weights"] = f"runs/{stem}.pt"
+        base = self._row(name, "trained", lambda length: model, seed)
+        rows = [base]
+        for variant in variants(name, config):
+
+            def at(length, variant=variant):
+                factor = length / config.train_len
+                return model.with_encoding(build_encoding(name, config, **variant.options(factor)))
+
+            rows.append(self._row(variant.label, variant.kind, at, seed, base))
+        if config.finetune_steps and is_rotary(name):
+            rows.append(self._finetuned(name, model, name, lambda f: {}, seed))
+            rows += [
+                self._finetuned(name, model, v.label, v.options, seed) for v in _tuned(name, config)
+            ]
+        if self.work.metric == "accuracy":
+            at_train = base["results"][str(config.train_len)]
+            record["learned"] = at_train is not None and at_train["accuracy"] >= LEARNED
+        record.update(
+            status="ok", error=None, rows=rows, seconds=round(time.perf_counter() - start, 2)
+        )
+        return record
+
+
+def _tuned(name: str, config: LabConfig) -> list[Variant]:
+    """The scaling variants of ``name`` fine-tuned under Chen et al.'s protocol."""
+    tuned = config.replace(scalings=config.finetune_scalings)
+    return [v for v in variants(name, tuned) if v.kind == "scaling"]

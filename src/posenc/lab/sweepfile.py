@@ -1,0 +1,121 @@
+"""Sweeps as files: ``posenc lab --config sweep.toml``.
+
+A sweep file holds any ``posenc lab`` option by its long name (``train-len`` or
+``train_len``), lists where the option takes several values (``encodings``, ``seeds``,
+``eval-lens``, ``scalings``, ``finetune-scalings``), ``seeds`` also as a count, and any
+number of ``[[settings]]`` tables, each with a ``name`` and options that override the top
+level for one sub-sweep written to ``<out>/<name>``::
+
+    encodings = ["rope", "t5"]
+    seeds = [0, 1, 2]
+    steps = 350
+
+    [[settings]]
+    name = "t5-64"
+    t5-max-distance = 64
+
+    [[settings]]
+    name = "t5-128"
+    t5-max-distance = 128
+
+Options given on the command line win over the file. The file is saved as
+``sweep.toml`` beside the results, so ``posenc lab --config <out>/sweep.toml --out <new>``
+repeats the sweep (bit for bit on the same machine, with the same thread count).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+__all__ = ["OPTIONS", "Setting", "load_sweep"]
+
+#: Sweep-file key -> (argparse destination, expected type). Lists are of that type.
+OPTIONS: dict[str, tuple[str, type | tuple[type, ...]]] = {
+    "encodings": ("encodings", list),
+    "task": ("task", str),
+    "corpus": ("corpus", str),
+    "train_len": ("train_len", int),
+    "eval_lens": ("eval_lens", list),
+    "steps": ("steps", int),
+    "batch_size": ("batch_size", int),
+    "lr": ("lr", (int, float)),
+    "warmup": ("warmup", int),
+    "d_model": ("d_model", int),
+    "layers": ("num_layers", int),
+    "heads": ("num_heads", int),
+    "eval_tokens": ("eval_tokens", int),
+    "eval_examples": ("eval_examples", int),
+    "eval_stride": ("eval_stride", int),
+    "finetune_steps": ("finetune_steps", int),
+    "finetune_len": ("finetune_len", int),
+    "finetune_scalings": ("finetune_scalings", list),
+    "learned_beyond": ("learned_beyond", str),
+    "scalings": ("scalings", list),
+    "dynamic_factor": ("dynamic_factor", (int, float)),
+    "t5_max_distance": ("t5_max_distance", int),
+    "seeds": ("seeds", (int, list)),
+    "seed": ("seed", int),
+    "quick": ("quick", bool),
+    "out": ("out", str),
+    "threads": ("threads", int),
+    "device": ("device", str),
+    "no_progress": ("no_progress", bool),
+}
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+Setting = tuple[str | None, dict[str, object]]
+
+
+def _options(table: dict, where: str) -> dict[str, object]:
+    out = {}
+    for key, value in table.items():
+        norm = key.replace("-", "_")
+        if norm not in OPTIONS:
+            known = ", ".join(k.replace("_", "-") for k in OPTIONS)
+            raise ValueError(f"{where}: unknown option {key!r}; known: {known}")
+        dest, kind = OPTIONS[norm]
+        if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):
+            want = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+            raise ValueError(f"{where}: option {key!r} must be {want}, got {value!r}")
+        out[dest] = value
+    return out
+
+
+def load_sweep(path: str | Path) -> tuple[str, list[Setting]]:
+    """Read a sweep file: its text and one ``(name, options)`` per setting (a single
+    ``(None, options)`` without ``[[settings]]``), options keyed by argparse destination.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: not TOML, an unknown option, a value of the wrong type, or settings
+            without a unique file-name-safe ``name`` (the message names the file).
+    """
+    path = Path(path)
+    text = path.read_text(encoding="utf-8")
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"sweep file {str(path)!r} is not valid TOML: {exc}") from None
+    settings = data.pop("settings", None)
+    top = _options(data, f"sweep file {str(path)!r}")
+    if settings is None:
+        return text, [(None, top)]
+    if not isinstance(settings, list) or not settings:
+        raise ValueError(f"sweep file {str(path)!r}: settings must be [[settings]] tables")
+    out: list[Setting] = []
+    for index, table in enumerate(settings):
+        where = f"sweep file {str(path)!r}, settings #{index + 1}"
+        name = table.pop("name", None) if isinstance(table, dict) else None
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            raise ValueError(f"{where}: needs a name of letters, digits, '.', '-' or '_'")
+        if name in (n for n, _ in out):
+            raise ValueError(f"{where}: the name {name!r} is repeated")
+        out.append((name, {**top, **_options(table, where)}))
+    return text, out
