@@ -4,9 +4,9 @@ transformers' ``apply_rotary_pos_emb`` and ``rotary-embedding-torch``.
 
 Shapes ``[4, 16, 2048, 64]`` and ``[1, 32, 8192, 128]`` (float32) and
 ``[4, 16, 2048, 64]`` (bfloat16), forward and forward+backward. Same options as
-``posenc bench``:
+``posenc bench``; ``--load 2`` measures beside two busy processes:
 
-    python benchmarks/bench_rope.py --threads 2 --json rope.json
+    python benchmarks/bench_rope.py --threads 2 --load 2 --json rope.json
 """
 
 from __future__ import annotations

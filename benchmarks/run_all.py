@@ -1,8 +1,8 @@
 """Run every benchmark (RoPE, additive encodings, bias attention) on this machine.
 
-The same as ``posenc bench``; from a source checkout it also runs
-``benchmarks/bench_bias_attention.py``. Options: ``--quick``, ``--only rope|additive|bias``,
-``--threads N``, ``--repeats N``, ``--json PATH``.
+The same as ``posenc bench`` (bias attention included). Options: ``--quick``,
+``--only SUITES`` (of rope, additive, bias), ``--threads N``, ``--repeats N``,
+``--load N`` (busy processes beside the benchmark), ``--json PATH``.
 
     python benchmarks/run_all.py --threads 2 --json bench.json
 """

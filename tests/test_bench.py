@@ -1,4 +1,6 @@
-"""``posenc bench`` in its tiny ``--quick`` mode: it runs, prints, and writes JSON.
+"""``posenc bench`` in its tiny ``--quick`` mode: it runs, prints within 80 columns,
+writes JSON, runs busy processes beside itself and stops them, and imports nothing from
+the current directory.
 
 No timing is asserted, ever: only that every case was measured and reported.
 """
@@ -6,26 +8,33 @@ No timing is asserted, ever: only that every case was measured and reported.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
 from posenc.bench import SUITES, run_benchmarks
+from posenc.bench.load import busy_processes
 from posenc.bench.report import rope_targets
 from posenc.bench.rope import FLOOR, HF_STYLE
 from posenc.bench.timing import Group, Stats, warm_memory
 from posenc.cli import main
 
 
-def test_quick_run_writes_json(tmp_path, capsys):
+def test_quick_run_prints_80_columns_and_writes_json(tmp_path, capsys):
     path = tmp_path / "bench.json"
     assert main(["bench", "--quick", "--threads", "1", "--json", str(path)]) == 0
     printed = capsys.readouterr().out
     assert HF_STYLE in printed and "targets: not evaluated" in printed
+    assert "RoPE on CPU: " in printed and "load average: " in printed
+    lines = printed.splitlines()
+    assert max(len(line) for line in lines) <= 80, "a table is wider than 80 columns"
+    assert "…" not in printed, "a header or cell was truncated"
     data = json.loads(path.read_text())
     machine = data["machine"]
-    assert {"cpu_model", "cpu_cores", "torch", "torch_threads"} <= machine.keys()
-    assert machine["torch_threads"] == 1
+    assert {"cpu_model", "cpu_cores", "torch", "torch_threads", "load_average"} <= machine.keys()
+    assert machine["torch_threads"] == 1 and data["settings"]["busy_processes"] == 0
+    assert data["rope_cpu"]
     assert {g["suite"] for g in data["groups"]} == set(SUITES)
     for group in data["groups"]:
         for case in group["cases"]:
@@ -34,21 +43,52 @@ def test_quick_run_writes_json(tmp_path, capsys):
     rope = [g for g in data["groups"] if g["suite"] == "rope"]
     assert {g["info"]["pass"] for g in rope} == {"forward", "forward+backward"}
     names = {c["case"] for c in rope[0]["cases"]}
-    assert {
-        FLOOR,
-        HF_STYLE,
-        "posenc apply_rope half",
-        "posenc apply_rope_ interleaved (in place)",
-    } <= names
+    assert {FLOOR, HF_STYLE, "apply_rope half", "apply_rope_ intl (in place)"} <= names
     floor = next(c for c in rope[0]["cases"] if c["case"] == FLOOR)
     assert floor["x_floor"] == pytest.approx(1.0)
+    assert {row["encoding"] for row in data["bias_attention"]} >= {"alibi", "t5"}
     assert data["targets"] == []
+
+
+def test_nothing_is_imported_from_the_current_directory(tmp_path, monkeypatch):
+    """A ``benchmarks/bench_bias_attention.py`` in the working directory is not run."""
+    marker = tmp_path / "executed"
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "bench_bias_attention.py").write_text(
+        f"open({str(marker)!r}, 'w').close()\n", encoding="utf-8"
+    )
+    monkeypatch.chdir(tmp_path)
+    results = run_benchmarks(only=["bias"], quick=True, repeats=1)
+    assert results.bias_attention and not marker.exists()
+    assert main(["bench", "--quick", "--only", "bias", "--repeats", "1"]) == 0
+    assert not marker.exists()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_busy_processes_run_and_are_stopped_even_on_error():
+    with pytest.raises(KeyboardInterrupt), busy_processes(2) as pids:
+        assert len(pids) == 2 and all(_alive(pid) for pid in pids)
+        raise KeyboardInterrupt
+    assert not any(_alive(pid) for pid in pids)
+
+
+def test_load_is_recorded():
+    results = run_benchmarks(only=["additive"], quick=True, repeats=1, load=1)
+    assert results.settings["busy_processes"] == 1
+    assert len(results.machine["load_average_before"]) == 3
 
 
 def test_only_one_suite():
     results = run_benchmarks(only=["additive"], quick=True, repeats=1)
     assert {g.suite for g in results.groups} == {"additive"}
-    assert results.bias_memory == [] and results.external == {}
+    assert results.bias_memory == [] and results.bias_attention == []
 
 
 def _group(shape, dtype, kind, medians):
@@ -57,25 +97,28 @@ def _group(shape, dtype, kind, medians):
     return Group("rope", "t", stats, floor=FLOOR, speedup_over=(HF_STYLE,), info=info)
 
 
-def test_targets_are_ratios_of_medians():
+def test_targets_are_ratios_of_medians_and_maxima():
     medians = {FLOOR: 10.0, HF_STYLE: 300.0}
-    for layout, fresh, in_place in (("half", 15.0, 12.0), ("interleaved", 25.0, 14.0)):
-        medians[f"posenc apply_rope {layout}"] = fresh
-        medians[f"posenc apply_rope_ {layout} (in place)"] = in_place
+    for layout, fresh, in_place in (("half", 15.0, 12.0), ("intl", 25.0, 14.0)):
+        medians[f"apply_rope {layout}"] = fresh
+        medians[f"apply_rope_ {layout} (in place)"] = in_place
     group = _group([4, 16, 2048, 64], "float32", "forward", medians)
-    label = "[4, 16, 2048, 64] float32 forward"
-    targets = {t.name.removeprefix(label + " "): t for t in rope_targets([group])}
-    fresh_half = targets["half: apply_rope / copy floor"]
+    targets = {t.what: t for t in rope_targets([group])}
+    assert {t.group for t in targets.values()} == {"[4,16,2048,64] fp32 fwd"}
+    fresh_half = targets["half: ÷ floor"]
     assert (fresh_half.value, fresh_half.limit, fresh_half.at_most, fresh_half.met) == (
         1.5,
         2.0,
         True,
         True,
     )
-    assert not targets["interleaved: apply_rope / copy floor"].met  # 2.5 > 2
-    assert targets["half: apply_rope_ / copy floor"].value == pytest.approx(1.2)
-    speedup = targets[f"half: x faster than {HF_STYLE}"]
+    assert not targets["intl: ÷ floor"].met  # 2.5 > 2
+    assert targets["half in place: ÷ floor"].value == pytest.approx(1.2)
+    speedup = targets["half: × faster"]
     assert speedup.value == pytest.approx(20.0) and speedup.met
+    slowest = targets["slowest: × faster"]
+    assert slowest.value == pytest.approx(300.0 / 25.0) and slowest.met
+    assert targets["slowest: × faster (max)"].value == pytest.approx(300.0 / 25.0)
     assert rope_targets([_group([1, 2, 3, 4], "float32", "forward", medians)]) == []
 
 
@@ -87,8 +130,11 @@ def test_warm_memory_touches_whole_blocks():
 @pytest.mark.parametrize(
     "argv,message",
     [
-        (["--only", "nothing"], "--only"),
-        (["--threads", "0"], "threads"),
+        (["--only", "nothing"], "--only: takes rope, additive, bias"),
+        (["--threads", "0"], "--threads: must be at least 1, got 0"),
+        (["--repeats", "-1"], "--repeats: must be at least 1, got -1"),
+        (["--load", "-2"], "--load: must be at least 0, got -2"),
+        (["--load", "two"], "--load: expected a whole number, got 'two'"),
         (["--json", "/nonexistent-dir/x.json"], "does not exist"),
     ],
 )
@@ -96,3 +142,11 @@ def test_bad_options_exit_2(argv, message, capsys):
     assert main(["bench", "--quick", *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_every_option_has_help_and_a_metavar(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    text = capsys.readouterr().out
+    for option in ("--only SUITES", "--threads N", "--repeats N", "--load N", "--json PATH"):
+        assert option in text

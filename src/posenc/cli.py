@@ -103,7 +103,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Positional encodings for transformers: tables, figures, tours, the lab.",
         epilog="`posenc help COMMAND` (or `posenc COMMAND --help`) shows a command's options.",
     )
-    parser.add_argument("--version", action="version", version=f"posenc {__version__}")
+    from posenc.encodings.rotary.cpu_kernel import status  # which RoPE path runs on CPU
+
+    version = f"posenc {__version__} (RoPE on CPU: {status()})"
+    parser.add_argument("--version", action="version", version=version)
     sub = parser.add_subparsers(
         dest="command", metavar="COMMAND", title="commands", parser_class=_Parser
     )

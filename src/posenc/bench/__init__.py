@@ -3,34 +3,35 @@
 Suites: ``rope`` (``apply_rope`` against the copy floor and the popular
 implementations), ``additive`` (sinusoidal and learned ``x + PE``, table construction)
 and ``bias`` (each attention-bias encoding against bias-free SDPA, and peak memory
-against the materialized bias). Every number is a median of round-robin repeats, and
-every comparison a ratio within one run; see ``posenc.bench.timing``.
+against the materialized bias; blocked and materialized bias attention against causal
+SDPA, ``posenc.bench.bias_attention``). Every number is a median (and a maximum) of
+round-robin repeats, and every comparison a ratio within one run; see
+``posenc.bench.timing``. ``load`` runs busy processes beside the benchmark.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import inspect
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
+from posenc.bench import bias_attention
 from posenc.bench.additive import additive_groups
 from posenc.bench.bias import QUICK_LENGTHS, bias_groups, bias_memory
+from posenc.bench.load import busy_processes
 from posenc.bench.report import Target, rope_targets
 from posenc.bench.rope import rope_groups
-from posenc.bench.timing import Group, machine_info, warm_memory
+from posenc.bench.timing import Group, load_average, machine_info, warm_memory
+from posenc.encodings.rotary import cpu_kernel
 
-__all__ = ["SUITES", "Results", "external_benchmark", "run_benchmarks"]
+__all__ = ["SUITES", "Results", "run_benchmarks"]
 
 SUITES = ("rope", "additive", "bias")
 _RUNNERS = {"rope": rope_groups, "additive": additive_groups, "bias": bias_groups}
 
 
-COMPILE_NOTE = "none: every posenc path is eager, no torch.compile step"
+COMPILE_NOTE = "no torch.compile step; RoPE on CPU tensors runs posenc's own kernel (see rope_cpu)"
 
 
 @dataclass
@@ -42,44 +43,19 @@ class Results:
     groups: list[Group]
     bias_memory: list[dict[str, object]]
     targets: list[Target]
-    external: dict[str, object]
+    bias_attention: list[dict]
 
     def to_json(self) -> dict[str, object]:
         return {
             "machine": self.machine,
             "settings": self.settings,
             "compile": COMPILE_NOTE,
+            "rope_cpu": cpu_kernel.status(),
             "groups": [g.to_json() for g in self.groups],
             "bias_memory": self.bias_memory,
+            "bias_attention": self.bias_attention,
             "targets": [t.to_json() for t in self.targets],
-            "external": self.external,
         }
-
-
-def external_benchmark(name: str, roots: Sequence[Path]) -> Path | None:
-    """The first ``benchmarks/<name>.py`` under ``roots`` (a source checkout), if any."""
-    for root in roots:
-        path = root / "benchmarks" / f"{name}.py"
-        if path.is_file():
-            return path
-    return None
-
-
-def _run_external(path: Path, *, quick: bool, repeats: int) -> object:
-    """Import ``path`` and call its ``run(...)`` with the options it accepts."""
-    spec = importlib.util.spec_from_file_location(f"posenc_bench_{path.stem}", path)
-    if spec is None or spec.loader is None:
-        raise ValueError(f"cannot import benchmark {path}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    run = getattr(module, "run", None)
-    if run is None:
-        return None
-    offered = {"quick": quick, "repeats": repeats, "sizes": QUICK_LENGTHS if quick else None}
-    offered = {k: v for k, v in offered.items() if v is not None}
-    accepted = inspect.signature(run).parameters
-    result = run(**{k: v for k, v in offered.items() if k in accepted})
-    return json.loads(json.dumps(result, default=str))
 
 
 def run_benchmarks(
@@ -88,7 +64,7 @@ def run_benchmarks(
     quick: bool = False,
     threads: int = 2,
     repeats: int | None = None,
-    roots: Sequence[Path] = (),
+    load: int = 0,
 ) -> Results:
     """Run the chosen suites on this machine.
 
@@ -97,44 +73,51 @@ def run_benchmarks(
         quick: tiny shapes and one or two repeats (seconds, for smoke tests).
         threads: ``torch.set_num_threads`` during the run (restored afterwards).
         repeats: timed rounds per group (default 15, or 2 when ``quick``).
-        roots: source checkouts whose ``benchmarks/bench_bias_attention.py``, if
-            present, also runs with the bias suite (its ``run(sizes=, repeats=)``).
+        load: busy processes to run beside the benchmark (``posenc.bench.load``).
 
     Returns:
-        The groups measured, the bias memory rows, the issue's targets and the
-        external benchmark's result; ``Results.to_json()`` gives plain data.
+        The groups measured, the bias memory and bias attention rows and the issue's
+        targets; ``Results.to_json()`` gives plain data, with the machine's load
+        average before and after the run.
 
     Raises:
-        ValueError: an unknown suite name or a non-positive ``threads``/``repeats``.
+        ValueError: an unknown suite name, ``threads`` or ``repeats`` below 1, or a
+            negative ``load``.
     """
     unknown = [s for s in only if s not in SUITES]
     if unknown:
         raise ValueError(f"unknown suite(s) {unknown}; known suites: {', '.join(SUITES)}")
-    if threads < 1 or (repeats is not None and repeats < 1):
-        raise ValueError(f"threads and repeats must be >= 1, got {threads} and {repeats}")
+    limits = (("threads", threads, 1), ("repeats", repeats, 1), ("load", load, 0))
+    for option, value, least in limits:
+        if value is not None and value < least:
+            raise ValueError(f"{option} must be >= {least}, got {value}")
     repeats = repeats or (2 if quick else 15)
     warmup = 1 if quick else 2
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
+    load_before = load_average()
     try:
         warmed = 0 if quick else warm_memory(4 << 30)
-        groups: list[Group] = []
-        for suite in SUITES:
-            if suite in only:
-                groups += _RUNNERS[suite](quick=quick, repeats=repeats, warmup=warmup)
-        memory = bias_memory(quick=quick) if "bias" in only else []
-        external = {}
-        path = external_benchmark("bench_bias_attention", roots) if "bias" in only else None
-        if path is not None:
-            external[path.stem] = _run_external(path, quick=quick, repeats=min(repeats, 5))
-        machine = machine_info()
+        with busy_processes(load):
+            groups: list[Group] = []
+            for suite in SUITES:
+                if suite in only:
+                    groups += _RUNNERS[suite](quick=quick, repeats=repeats, warmup=warmup)
+            memory = bias_memory(quick=quick) if "bias" in only else []
+            attention = []
+            if "bias" in only:
+                sizes = QUICK_LENGTHS if quick else bias_attention.FULL_SIZES
+                attention = bias_attention.run(sizes, min(repeats, 5))
+            machine = machine_info()
     finally:
         torch.set_num_threads(previous)
+    machine["load_average_before"] = load_before
     settings = {
         "suites": list(only),
         "quick": quick,
         "threads": threads,
         "repeats": repeats,
+        "busy_processes": load,
         "memory_warmed_bytes": warmed,
     }
-    return Results(machine, settings, groups, memory, rope_targets(groups), external)
+    return Results(machine, settings, groups, memory, rope_targets(groups), attention)

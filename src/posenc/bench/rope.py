@@ -22,10 +22,12 @@ from posenc.encodings.rotary.apply import apply_rope, apply_rope_
 from posenc.encodings.rotary.module import RotaryEmbedding
 from posenc.fastpath import empty_like
 
-__all__ = ["FLOOR", "HF_STYLE", "rope_groups"]
+__all__ = ["BACKWARD_FLOOR", "FLOOR", "HF_STYLE", "LAYOUTS", "posenc_cases", "rope_groups"]
 
-FLOOR = "copy floor"
-HF_STYLE = "transformers-style expression"
+FLOOR = "copy (preallocated)"
+BACKWARD_FLOOR = "copy x2 (fwd + bwd)"
+HF_STYLE = "x*cos + rotate_half(x)*sin"
+LAYOUTS = (("half", False), ("intl", True))  # half-split, interleaved
 
 FULL = (((4, 16, 2048, 64), torch.float32), ((1, 32, 8192, 128), torch.float32))
 FULL += (((4, 16, 2048, 64), torch.bfloat16),)
@@ -63,7 +65,7 @@ def _optional_baselines(
         def hf_function(x: Tensor) -> Tensor:
             return apply_rotary_pos_emb(x, x, cos_b, sin_b)[0]
 
-        found["transformers apply_rotary_pos_emb"] = hf_function
+        found["HF apply_rotary_pos_emb"] = hf_function
     try:
         from rotary_embedding_torch import apply_rotary_emb
     except ImportError:
@@ -108,22 +110,22 @@ def _forward_cases(t: dict[str, Tensor]) -> dict[str, Callable[[], object]]:
     rope, rope_i = RotaryEmbedding(q.shape[-1]), RotaryEmbedding(q.shape[-1], interleaved=True)
     cases: dict[str, Callable[[], object]] = {
         FLOOR: lambda: (out_q.copy_(q), out_k.copy_(k)),
-        "clone (fresh allocation)": lambda: (q.clone(), k.clone()),
-        "copy into fastpath.empty_like": lambda: (empty_like(q).copy_(q), empty_like(k).copy_(k)),
+        "clone (4 KiB pages)": lambda: (q.clone(), k.clone()),
+        "copy (fresh output)": lambda: (empty_like(q).copy_(q), empty_like(k).copy_(k)),
         HF_STYLE: _both(lambda x: _hf_style(x, t["cos_full"], t["sin_full"]), q, k),
-        "Meta view_as_complex (interleaved)": _both(lambda x: _meta_style(x, freqs), q, k),
+        "Meta complex multiply": _both(lambda x: _meta_style(x, freqs), q, k),
     }
     for name, fn in _optional_baselines(t["angles"], t["cos_full"], t["sin_full"]).items():
         cases[name] = _both(fn, q, k)
-    for layout, inter in (("half", False), ("interleaved", True)):
-        cases[f"posenc apply_rope {layout}"] = _both(
+    for layout, inter in LAYOUTS:
+        cases[f"apply_rope {layout}"] = _both(
             lambda x, i=inter: apply_rope(x, cos, sin, interleaved=i), q, k
         )
-        cases[f"posenc apply_rope_ {layout} (in place)"] = _both(
+        cases[f"apply_rope_ {layout} (in place)"] = _both(
             lambda x, i=inter: apply_rope_(x, cos, sin, interleaved=i), in_q, in_k
         )
-    cases["posenc RotaryEmbedding half"] = lambda: rope(q, k)
-    cases["posenc RotaryEmbedding interleaved"] = lambda: rope_i(q, k)
+    cases["RotaryEmbedding half"] = lambda: rope(q, k)
+    cases["RotaryEmbedding intl"] = lambda: rope_i(q, k)
     return cases
 
 
@@ -138,7 +140,7 @@ def _backward_cases(t: dict[str, Tensor]) -> dict[str, Callable[[], object]]:
     q, k, cos, sin = t["q"], t["k"], t["cos"], t["sin"]
     outs = [torch.empty_like(q) for _ in range(4)]
     cases: dict[str, Callable[[], object]] = {
-        "copy floor x2 (forward + backward)": lambda: (
+        BACKWARD_FLOOR: lambda: (
             outs[0].copy_(q),
             outs[1].copy_(k),
             outs[2].copy_(q),
@@ -148,11 +150,16 @@ def _backward_cases(t: dict[str, Tensor]) -> dict[str, Callable[[], object]]:
     }
     for name, fn in _optional_baselines(t["angles"], t["cos_full"], t["sin_full"]).items():
         cases[name] = _train_step(fn, q, k)
-    for layout, inter in (("half", False), ("interleaved", True)):
-        cases[f"posenc apply_rope {layout}"] = _train_step(
+    for layout, inter in LAYOUTS:
+        cases[f"apply_rope {layout}"] = _train_step(
             lambda x, i=inter: apply_rope(x, cos, sin, interleaved=i), q, k
         )
     return cases
+
+
+def posenc_cases(group: Group) -> list[str]:
+    """The cases of a group that run posenc's code."""
+    return [c for c in group.stats if c.startswith(("apply_rope", "RotaryEmbedding"))]
 
 
 def rope_groups(*, quick: bool, repeats: int, warmup: int) -> list[Group]:
@@ -164,7 +171,7 @@ def rope_groups(*, quick: bool, repeats: int, warmup: int) -> list[Group]:
         label = f"{list(shape)} {info['dtype']}"
         for kind, cases, floor in (
             ("forward", _forward_cases(tensors), FLOOR),
-            ("forward+backward", _backward_cases(tensors), "copy floor x2 (forward + backward)"),
+            ("forward+backward", _backward_cases(tensors), BACKWARD_FLOOR),
         ):
             stats = measure(cases, repeats=repeats, warmup=warmup)
             groups.append(

@@ -1,7 +1,7 @@
 """Timing primitives of the benchmark suite: round-robin medians, spreads, machine info.
 
 Every comparison is a ratio of medians measured in one run, with the cases of a group
-interleaved (one call of each per round, in a rotating order), so that a busy machine
+interleaved (one call of each per round, in a random order), so that a busy machine
 slows them alike.
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import platform
+import random
 import statistics
 import time
 from collections.abc import Callable, Mapping
@@ -18,7 +19,7 @@ import torch
 
 from posenc.fastpath import empty_like
 
-__all__ = ["Group", "Stats", "machine_info", "measure", "warm_memory"]
+__all__ = ["Group", "Stats", "load_average", "machine_info", "measure", "warm_memory"]
 
 
 @dataclass(frozen=True)
@@ -43,22 +44,23 @@ class Stats:
 
 
 def measure(
-    cases: Mapping[str, Callable[[], object]], *, repeats: int, warmup: int = 1
+    cases: Mapping[str, Callable[[], object]], *, repeats: int, warmup: int = 1, seed: int = 0
 ) -> dict[str, Stats]:
     """Time each callable ``repeats`` times, round-robin, after ``warmup`` untimed rounds.
 
-    The order rotates by one case each round, so that no case always runs right after
-    the same neighbour (a neighbour that frees a gigabyte leaves the kernel work that
-    would otherwise be charged to the next case every round).
+    Each round runs the cases in a new random order (seeded): a case that frees a lot of
+    memory leaves the kernel work of returning it (and, on a virtual machine, of the
+    host reclaiming it) to whichever case runs next, so no case may always follow the
+    same neighbour.
     """
     names = list(cases)
     for _ in range(warmup):
         for fn in cases.values():
             fn()
+    order = random.Random(seed)
     times: dict[str, list[float]] = {name: [] for name in names}
-    for round_ in range(repeats):
-        shift = round_ % len(names)
-        for name in names[shift:] + names[:shift]:
+    for _ in range(repeats):
+        for name in order.sample(names, len(names)):
             start = time.perf_counter()
             cases[name]()
             times[name].append(time.perf_counter() - start)
@@ -137,6 +139,11 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def load_average() -> list[float] | None:
+    """The 1, 5 and 15 minute load averages, rounded to two decimals (None: unknown)."""
+    return [round(v, 2) for v in os.getloadavg()] if hasattr(os, "getloadavg") else None
+
+
 def machine_info() -> dict[str, object]:
     """CPU model, cores, torch version and threads of the machine the suite runs on."""
     return {
@@ -147,5 +154,5 @@ def machine_info() -> dict[str, object]:
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "python": platform.python_version(),
         "platform": platform.platform(),
-        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "load_average": load_average(),
     }
