@@ -55,7 +55,7 @@ UNSUPPORTED = {
     ),
     **dict.fromkeys(("clap", "flava", "git", "instructblip", "instructblipvideo"), _COMPOSITE),
     **dict.fromkeys(("kosmos2", "kosmos2_5", "lxmert", "visual_bert", "evolla"), _COMPOSITE),
-    **dict.fromkeys(("seamless_m4t", "seamless_m4t_v2", "speecht5", "musicgen_melody"), _COMPOSITE),
+    **dict.fromkeys(("seamless_m4t", "seamless_m4t_v2", "speecht5"), _COMPOSITE),
     "whisper": "encoder sinusoidal and decoder learned in one config (build each by hand)",
     "udop": "2-D layout biases on top of T5's buckets",
     "deberta": "disentangled relative attention (position_biased_input)",
@@ -65,7 +65,6 @@ UNSUPPORTED = {
     "trocr": "learned or sinusoidal by use_learned_position_embeddings",
     "pp_formulanet": _NOT_YET,
     "roformer": "a sinusoidal table used as a rotary embedding",
-    "pegasus_x": "[sin | cos] with tensor2tensor spacing in the input dtype; " + _NOT_YET,
     "fsmt": _NOT_YET,
     "esm": "absolute or rotary by position_embedding_type; " + _NOT_YET,
     **dict.fromkeys(("bros", "layoutlmv2", "layoutlmv3", "lilt"), _LAYOUT),
@@ -203,11 +202,11 @@ def _call(module, ids: torch.Tensor, mask: torch.Tensor):
         return out, positions_skipping_padding(mask)[:, OFFSET:]
     if "input_ids_shape" in params:
         out = module(new.shape, past_key_values_length=OFFSET)
+    elif "inputs_embeds" in params and "input_ids" not in params:  # MusicGen melody, PEGASUS-X
+        out = module(torch.zeros(*new.shape, C), past_key_values_length=OFFSET)
     elif "position_ids" in params and "input_ids" not in params:  # XGLM: the model's ids
         positions = torch.arange(OFFSET, OFFSET + new.shape[1]).expand(2, -1)
         return module(positions, past_key_values_length=OFFSET), positions
-    elif "inputs_embeds" in params and "input_ids" not in params:  # MusicGen melody
-        out = module(torch.zeros(*new.shape, C), past_key_values_length=OFFSET)
     elif getattr(module, "padding_idx", None) is not None:  # fairseq: counts real tokens
         out = module(new, past_key_values_length=OFFSET)
         return out, positions_skipping_padding(new != PAD, past=OFFSET)
@@ -221,7 +220,7 @@ def _call(module, ids: torch.Tensor, mask: torch.Tensor):
 def _construct(cls):
     params = inspect.signature(cls.__init__).parameters
     kwargs = {"padding_idx": PAD} if "padding_idx" in params else {}
-    module = cls(ROWS, C, **kwargs)
+    module = cls(C) if "embed_dim" in params else cls(ROWS, C, **kwargs)  # PEGASUS-X: width only
     if hasattr(module, "create_weight"):  # Marian, Pegasus: filled by the model's init
         with torch.no_grad():
             module.weight.copy_(module.create_weight())

@@ -81,8 +81,12 @@ ABSOLUTE_FAMILIES: dict[str, AbsoluteSpec] = {
     **dict.fromkeys(("xlm-roberta-xl", "xmod"), _ROBERTA),
     **dict.fromkeys(("marian", "pegasus"), _MARIAN),
     **dict.fromkeys(("m2m_100", "nllb-moe", "speech_to_text"), _T2T),
+    "pegasus_x": AbsoluteSpec("sinusoidal", spacing="tensor2tensor"),
     "xglm": AbsoluteSpec("sinusoidal", offset=2, spacing="tensor2tensor"),
-    "musicgen": AbsoluteSpec("sinusoidal", layout="cos|sin", spacing="tensor2tensor"),
+    **dict.fromkeys(
+        ("musicgen", "musicgen_decoder", "musicgen_melody", "musicgen_melody_decoder"),
+        AbsoluteSpec("sinusoidal", layout="cos|sin", spacing="tensor2tensor"),
+    ),
 }
 
 #: The table's width: the embedding size where it differs from the hidden size (ALBERT).

@@ -57,10 +57,13 @@ T5_FAMILIES = {
 }
 
 
-def _powers_of_base(count: int, heads: int) -> Tensor:
-    """``base ** (1..count)`` in float32 with ``base = 2 ** (-8 / heads)`` (BLOOM's way)."""
+def _powers_of_base(heads: int, start: int, stop: int, step: int) -> Tensor:
+    """``base ** arange(start, stop, step)`` in float32, ``base = 2 ** (-8 / heads)``.
+
+    BLOOM's own operations and vector lengths: ``pow`` rounds differently when the same
+    powers are taken from a longer vector, so the odd powers are not sliced from all."""
     base = torch.tensor(2 ** (-(2 ** -(math.log2(heads) - 3))), dtype=torch.float32)
-    return torch.pow(base, torch.arange(1, count + 1, dtype=torch.int32))
+    return torch.pow(base, torch.arange(start, stop, step, dtype=torch.int32))
 
 
 def hf_alibi_slopes(model_type: str, num_heads: int) -> Tensor:
@@ -83,10 +86,10 @@ def hf_alibi_slopes(model_type: str, num_heads: int) -> Tensor:
             slopes = torch.cat((slopes[1::2], slopes[::2]))[:num_heads]
         return slopes
     closest = 2 ** math.floor(math.log2(num_heads))
-    slopes = _powers_of_base(closest, closest)
+    slopes = _powers_of_base(closest, 1, 1 + closest, 1)
     if closest != num_heads:
-        extra = _powers_of_base(2 * min(closest, num_heads - closest), 2 * closest)[::2]
-        slopes = torch.cat((slopes, extra))
+        remaining = min(closest, num_heads - closest)
+        slopes = torch.cat((slopes, _powers_of_base(2 * closest, 1, 1 + 2 * remaining, 2)))
     return slopes.bfloat16().float() if kind == "falcon" else slopes
 
 
