@@ -15,6 +15,7 @@ import types
 import pytest
 import torch
 
+import posenc
 from conftest import tolerances
 from posenc import (
     MLARope,
@@ -204,7 +205,7 @@ def test_dinov3_patch_rotary_with_prefix_tokens():
         hidden_size=64, num_attention_heads=H, patch_size=4, image_size=16,
         num_register_tokens=2, intermediate_size=32,
     )  # fmt: skip
-    enc = build_scheme("dinov3", config.to_dict())
+    enc = posenc.from_hf_config(config)
     rope = m.DINOv3ViTRopePositionEmbedding(config).eval()
     cos, sin = rope(torch.zeros(1, 3, 16, 12))  # a 4 x 3 patch grid
     q, k = _qk(32, length=3 + 12)

@@ -105,22 +105,32 @@ _MLA = """
 axk1 axk2 bailing_hybrid deepseek_v2 deepseek_v3 deepseek_v32 glm4_moe_lite glm_moe_dsa
 longcat_flash youtu
 """
-_MROPE = """
-qwen2_vl qwen2_vl_text qwen2_5_vl qwen2_5_vl_text qwen2_5_omni qwen2_5_omni_thinker
-qwen2_5_omni_text qwen3_vl qwen3_vl_text qwen3_vl_moe qwen3_vl_moe_text qwen3_5 qwen3_5_text
-qwen3_5_moe qwen3_5_moe_text qwen3_omni_moe qwen3_omni_moe_text qwen4_exp qwen4_exp_text
-glm4v glm4v_text glm4v_moe glm4v_moe_text glm_image glm_image_text glm_ocr ernie4_5_vl_moe
-ernie4_5_vl_moe_text paddleocr_vl paddleocr_vl_text cosmos3_edge cosmos3_edge_text hunyuan_vl
-hunyuan_vl_text neomme cohere_compass cohere_compass_text
+# M-RoPE and 2-D axial schemes (posenc.hf.schemes), each checked against the family's own
+# rotary at 3-axis / [N, 2] positions (tests/test_schemes_families.py); "pending:" families
+# use a variant posenc does not reproduce yet and raise instead
+_MROPE = "qwen2_vl qwen2_vl_text qwen2_5_vl qwen2_5_vl_text paddleocr_vl paddleocr_vl_text"
+_MROPE_INTERLEAVED = """
+qwen3_vl qwen3_vl_text qwen3_vl_moe qwen3_vl_moe_text cosmos3_edge cosmos3_edge_text
+"""
+_QWEN3_5_MROPE = "qwen3_5 qwen3_5_text qwen3_5_moe qwen3_5_moe_text"
+_GLM4V_MROPE = "glm4v glm4v_text"
+_GLM_MROPE = "glm4v_moe glm4v_moe_text glm_image glm_image_text"
+_MROPE_PENDING = """
+qwen2_5_omni qwen2_5_omni_thinker qwen2_5_omni_text qwen3_omni_moe qwen3_omni_moe_text qwen4_exp
+qwen4_exp_text ernie4_5_vl_moe ernie4_5_vl_moe_text hunyuan_vl hunyuan_vl_text neomme
+cohere_compass cohere_compass_text glm_ocr
 """
 _AXIAL = """
-pixtral qwen2_vl_vision qwen2_5_vl_vision qwen3_vl_vision qwen3_vl_moe_vision qwen3_5_vision
+qwen2_vl_vision qwen2_5_vl_vision qwen3_vl_vision qwen3_vl_moe_vision qwen3_5_vision
 qwen3_5_moe_vision qwen4_exp_vision glm4v_vision glm4v_moe_vision glm_ocr_vision
-glm5_next_vision gemma4_vision mlcd_vision_model kimi_k25_vision lfm3_vl_vision
-minimax_m3_vl_vision muse_glimmer_vision muse_spark_vision paddleocr_vl_vision
-inkling2_vision video_llama_3_vision dots3_note_vision_encoder sam3_vit_model step3p5_vision
-eomt_dinov3 exaone4_5_vision ernie4_5_vl_moe_vision llama4_vision_model
-qwen2_5_omni_vision_encoder qwen3_omni_moe_vision_encoder deepseek_ocr2_vision cohere_compass_vision
+glm5_next_vision mlcd_vision_model lfm3_vl_vision muse_glimmer_vision muse_spark_vision
+paddleocr_vl_vision video_llama_3_vision dots3_note_vision_encoder exaone4_5_vision
+ernie4_5_vl_moe_vision qwen2_5_omni_vision_encoder qwen3_omni_moe_vision_encoder
+cohere_compass_vision
+"""
+_AXIAL_PENDING = """
+gemma4_vision kimi_k25_vision minimax_m3_vl_vision inkling2_vision sam3_vit_model step3p5_vision
+eomt_dinov3 llama4_vision_model deepseek_ocr2_vision
 """
 _PROPORTIONAL = "gemma4 gemma4_text gemma4_unified gemma4_unified_text diffusion_gemma_text"
 _TEMPERATURE = "ministral3 mistral4"
@@ -130,7 +140,15 @@ FAMILIES: dict[str, Family] = {
     **dict.fromkeys(_INTERLEAVED.split(), INTERLEAVED),
     **dict.fromkeys(_MLA.split(), MLA),
     **{name: Family(scheme="mrope") for name in _MROPE.split()},
+    **{name: Family(scheme="mrope_interleaved") for name in _MROPE_INTERLEAVED.split()},
+    **{name: Family(scheme="qwen3_5_mrope") for name in _QWEN3_5_MROPE.split()},
+    **{name: Family(scheme="glm4v_mrope") for name in _GLM4V_MROPE.split()},
+    **{name: Family(scheme="glm_mrope") for name in _GLM_MROPE.split()},
+    **{name: Family(scheme="pending:mrope") for name in _MROPE_PENDING.split()},
     **{name: Family(scheme="axial") for name in _AXIAL.split()},
+    "pixtral": Family(scheme="axial_alternating"),
+    "dinov3_vit": Family(scheme="dinov3"),
+    **{name: Family(scheme="pending:axial") for name in _AXIAL_PENDING.split()},
     **{name: Family(scheme="proportional") for name in _PROPORTIONAL.split()},
     **{name: Family(scheme="temperature") for name in _TEMPERATURE.split()},
     "gptj": GPTJ,

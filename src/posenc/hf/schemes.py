@@ -9,8 +9,10 @@ scheme             families (transformers 5.23)                            encod
 ================== ======================================================= ==============
 proportional       Gemma 4 (``rope_type: proportional`` full layers)       RotaryEmbedding
 mrope              Qwen2-VL, Qwen2.5-VL (sections in blocks, half-split)   MRoPE
-mrope_interleaved  Qwen3-VL and later (cyclic sections, half-split)        MRoPE
+mrope_interleaved  Qwen3-VL, Cosmos 3 Edge (cyclic sections, half-split)   MRoPE
+qwen3_5_mrope      Qwen3.5 (cyclic sections, partial rotary)               MRoPE
 glm4v_mrope        GLM-4V (blocks, adjacent pairs, partial rotary)         MRoPE
+glm_mrope          GLM-4.5V, GLM-Image (blocks, half-split, partial rotary) MRoPE
 axial              Qwen-VL / GLM-4V vision towers (shared frequencies)     AxialRope
 axial_alternating  Pixtral (even frequencies rows, odd columns)            AxialRope
 dinov3             DINOv3 ViT (patch-center coordinates, prefix tokens)    AxialRope
@@ -19,16 +21,21 @@ temperature        Ministral 3 (RoPE), Mistral 4 (MLA): + query temperature Comp
                    Llama 4 NoPE layers (``attn_temperature_tuning``)       PositionTemperature
 ================== ======================================================= ==============
 
-Read fields: ``rope_parameters`` (v5) or ``rope_scaling`` (v4) with ``rope_theta`` inside
-or at the top level; per-layer-type dicts need ``layer_type``; M-RoPE's ``mrope_section``
-(default the family's: ``[16, 24, 24]``, ``[24, 20, 20]``, ``[8, 12, 12]``) and
-``mrope_interleaved`` (must agree with the scheme); the legacy ``type: "mrope"`` means the
-default frequencies. Any other key of the rope dict goes to the frequency scaling, which
+A composite model's config is read through its ``text_config`` (``vision_config`` for the
+vision schemes). Read fields: ``rope_parameters`` (v5) or ``rope_scaling`` (v4) with
+``rope_theta`` inside or at the top level; per-layer-type dicts need ``layer_type``;
+M-RoPE's ``mrope_section`` (default the family's: ``[16, 24, 24]``, ``[24, 20, 20]``,
+``[11, 11, 10]``, ``[8, 12, 12]``), ``mrope_interleaved`` (must agree with the scheme) and
+``partial_rotary_factor`` (in the dict or at the top level); the legacy ``type: "mrope"``
+means the default frequencies. Any other key of the rope dict goes to the frequency scaling, which
 raises on a key it does not know (never ignored). Head dims: ``head_dim``, else
 ``hidden_size // num_attention_heads`` (vision: ``embed_dim // num_heads`` when present);
 Gemma 4 layers with their own ``head_dim`` in ``per_layer_config``. DINOv3's
 training-time coordinate augmentation (``pos_embed_shift`` / ``jitter`` / ``rescale``) is
 not applied: it is the eval-mode encoding.
+
+A family table entry ``pending:<scheme>`` marks a family whose variant of the scheme posenc
+does not reproduce yet: ``build_scheme`` raises for it, naming the ``model_type``.
 """
 
 from __future__ import annotations
@@ -150,7 +157,7 @@ def _mrope(default_section: list[int], *, cyclic: bool, interleaved: bool) -> Bu
                 f"(mrope_interleaved={cyclic})"
             )
         head_dim = _head_dim(cfg)
-        fraction = params.pop("partial_rotary_factor", None)
+        fraction = params.pop("partial_rotary_factor", cfg.get("partial_rotary_factor"))
         rotary_dim = None if fraction is None else int(head_dim * fraction)
         base = params.pop("rope_theta")
         return MRoPE(
@@ -226,11 +233,15 @@ def _temperature(cfg: Mapping[str, Any], layer_type: str | None, layer_idx: int 
     return Compose([rope, PositionTemperature(beta, length)])
 
 
+_VISION = frozenset({"axial", "axial_alternating", "dinov3"})
+
 SCHEMES: dict[str, Builder] = {
     "proportional": _proportional,
     "mrope": _mrope([16, 24, 24], cyclic=False, interleaved=False),
     "mrope_interleaved": _mrope([24, 20, 20], cyclic=True, interleaved=False),
+    "qwen3_5_mrope": _mrope([11, 11, 10], cyclic=True, interleaved=False),
     "glm4v_mrope": _mrope([8, 12, 12], cyclic=False, interleaved=True),
+    "glm_mrope": _mrope([8, 12, 12], cyclic=False, interleaved=False),
     "axial": _axial("shared"),
     "axial_alternating": _axial("alternating"),
     "dinov3": _dinov3,
@@ -255,15 +266,33 @@ def build_scheme(
         layer_idx: the layer, for per-layer head dims (Gemma 4); sets ``layer_type``.
 
     Raises:
-        ValueError: unknown ``scheme`` (listing the known ones); a rope key the scheme's
-            scaling does not know; sections that do not sum to the rotary half; a
+        ValueError: unknown or pending ``scheme`` (naming the ``model_type``); a rope key
+            the scheme's scaling does not know; sections that do not sum to the rotary half; a
             ``layer_type`` not in the config; missing fields.
     """
+    config = _as_dict(config)
+    model_type = config.get("model_type")
+    if scheme.startswith("pending:"):
+        raise ValueError(
+            f"model_type {model_type!r} uses a variant of {scheme[8:]} that posenc does not "
+            "reproduce yet; build it explicitly (posenc.MRoPE, posenc.AxialRope) after "
+            "checking its layout"
+        )
     if scheme not in SCHEMES:
-        raise ValueError(f"unknown scheme {scheme!r}; known schemes: {', '.join(sorted(SCHEMES))}")
-    if not isinstance(config, Mapping):
-        to_dict = getattr(config, "to_dict", None)
-        if not callable(to_dict):
-            raise TypeError(f"config must be a dict or a PretrainedConfig, got {type(config)}")
-        config = to_dict()
+        raise ValueError(
+            f"unknown scheme {scheme!r} (model_type {model_type!r}); known schemes: "
+            f"{', '.join(sorted(SCHEMES))}"
+        )
+    part = "vision_config" if scheme in _VISION else "text_config"
+    if config.get(part) is not None:  # a composite model's config: its text or vision part
+        config = _as_dict(config[part])
     return SCHEMES[scheme](config, layer_type, layer_idx)
+
+
+def _as_dict(config: object) -> Mapping[str, Any]:
+    if isinstance(config, Mapping):
+        return config
+    to_dict = getattr(config, "to_dict", None)
+    if not callable(to_dict):
+        raise TypeError(f"config must be a dict or a PretrainedConfig, got {type(config)}")
+    return to_dict()
