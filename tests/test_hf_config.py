@@ -203,6 +203,16 @@ def test_every_table_entry_is_consistent():
             "differs by layer",
         ),
         ({"model_type": "esm", "head_dim": 64, "position_embedding_type": "absolute"}, {}, "not"),
+        (  # transformers 5.23 builds DBRX with base 1e4 whatever attn_config says: refuse
+            {
+                "model_type": "dbrx",
+                "d_model": 256,
+                "n_heads": 4,
+                "attn_config": {"rope_theta": 5e5},
+            },
+            {},
+            r"attn_config.rope_theta=500000.0 changes positions",
+        ),
     ],
 )
 def test_refusals_name_the_value(config, kwargs, match):
