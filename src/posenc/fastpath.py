@@ -8,8 +8,10 @@ removes both:
   kernel faults them in 4 KiB at a time on first touch; that costs several times the
   copy itself. ``empty_like`` asks the kernel for transparent huge pages on the new
   buffer (``madvise(MADV_HUGEPAGE)``, Linux only, large CPU tensors only), which makes
-  a fresh output cost about as much as a reused one. Nothing else changes: the memory
-  is freed with the tensor as usual.
+  a fresh output cost about as much as a reused one in the median. Nothing else
+  changes: the memory is freed with the tensor as usual. On a virtual machine whose
+  free 2 MiB blocks are handed back to the host (free page reporting), some of those
+  faults stall for much longer, which is why ``apply_rope`` does not use it.
 * **Temporaries.** An expression such as ``x * cos + rotate_half(x) * sin`` writes four
   full-size temporaries. Writing each partial result into the output (``out=``) in
   chunks that stay in the cache (``chunks``) touches main memory once per tensor.

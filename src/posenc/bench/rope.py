@@ -3,8 +3,9 @@
 Shapes: ``B`` batch, ``H`` heads, ``T`` length, ``D`` head_dim. Each group rotates a
 query and a key ``[B, H, T, D]``. The floor copies both into preallocated tensors (one
 read and one write each, the least any rotation can do); an out-of-place rotation must
-also allocate its output, whose floor is the copy into a fresh ``fastpath.empty_like``
-(the kernel zeroes new pages on first touch). The other baselines are the
+also allocate its output, whose floor is the copy into a fresh tensor (the operating
+system zeroes new pages on first touch): with 4 KiB pages (``torch.empty_like``, what
+``apply_rope`` uses) and with huge pages (``fastpath.empty_like``). The other baselines are the
 transformers-style expression ``x * cos + rotate_half(x) * sin``, Meta's complex
 multiply, and, when installed, transformers' ``apply_rotary_pos_emb`` and
 ``rotary-embedding-torch``'s ``apply_rotary_emb`` (neither is a dependency of posenc).
@@ -110,8 +111,8 @@ def _forward_cases(t: dict[str, Tensor]) -> dict[str, Callable[[], object]]:
     rope, rope_i = RotaryEmbedding(q.shape[-1]), RotaryEmbedding(q.shape[-1], interleaved=True)
     cases: dict[str, Callable[[], object]] = {
         FLOOR: lambda: (out_q.copy_(q), out_k.copy_(k)),
-        "clone (4 KiB pages)": lambda: (q.clone(), k.clone()),
-        "copy (fresh output)": lambda: (empty_like(q).copy_(q), empty_like(k).copy_(k)),
+        "copy (fresh, 4 KiB pages)": lambda: (q.clone(), k.clone()),
+        "copy (fresh, huge pages)": lambda: (empty_like(q).copy_(q), empty_like(k).copy_(k)),
         HF_STYLE: _both(lambda x: _hf_style(x, t["cos_full"], t["sin_full"]), q, k),
         "Meta complex multiply": _both(lambda x: _meta_style(x, freqs), q, k),
     }

@@ -28,6 +28,11 @@ once (the float32 result rounded to ``x``'s dtype). The backward pass is the rot
 by ``-theta``, through the same kernels, and is itself differentiable (second
 derivatives, ``create_graph=True``). Under ``torch.compile`` the plain expression is
 traced instead (the compiler fuses it into one kernel).
+
+Fresh outputs are plain ``torch.empty_like`` (4 KiB pages). Huge pages
+(``posenc.fastpath.empty_like``) halve the median cost of first touching them, but on
+virtual machines that hand free 2 MiB blocks back to the host (free page reporting)
+their faults stall now and then for tens of times a copy; ``posenc bench`` shows both.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from torch import Tensor
 
 from posenc._checks import check_bool, check_tensor
 from posenc.encodings.rotary import cpu_kernel
-from posenc.fastpath import chunks, empty_like
+from posenc.fastpath import chunks
 
 __all__ = ["apply_rope", "apply_rope_"]
 
@@ -186,7 +191,7 @@ class _Rope(torch.autograd.Function):
             _rotate_into(x, x, cos, sin, interleaved=interleaved, inverse=inverse)
             ctx.mark_dirty(x)
             return x
-        out = empty_like(x)
+        out = torch.empty_like(x)
         _rotate_into(out, x, cos, sin, interleaved=interleaved, inverse=inverse)
         return out
 
@@ -250,7 +255,7 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = False
         return _rotate_differentiable(x, cos, sin, interleaved)
     if _needs_grad(x):
         return _Rope.apply(x, cos, sin, interleaved, False, False)
-    out = empty_like(x)
+    out = torch.empty_like(x)
     _rotate_into(out, x, cos, sin, interleaved=interleaved, inverse=False)
     return out
 
