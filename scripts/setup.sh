@@ -12,6 +12,13 @@ if ! python -c "import torch" 2>/dev/null; then
   python -m pip install --quiet "torch==2.13.0" ${POSENC_TORCH_INDEX:+--index-url "$POSENC_TORCH_INDEX"}
 fi
 python -m pip install --quiet -e ".[test]"
+# The lab's English-prose corpus (`posenc lab --corpus fortunes`): Debian's fortunes
+# package, plain text in /usr/share/games/fortunes; skipped where apt-get or root is not there.
+if [ ! -d /usr/share/games/fortunes ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+  (apt-get install -y -qq fortunes >/dev/null 2>&1 \
+    || (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq fortunes >/dev/null 2>&1)) \
+    || echo "setup: could not install Debian's fortunes package (posenc lab --corpus fortunes needs it)"
+fi
 # The compiled CPU RoPE kernel (about 2 s with g++); without it apply_rope runs its
 # PyTorch path, and `posenc --version` says so.
 python -m posenc.encodings.rotary.build_kernel || true

@@ -137,6 +137,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--out", metavar="DIR", help="output folder (default runs/lab-<timestamp>)")
     p.add_argument(
+        "--jobs",
+        type=int,
+        metavar="N",
+        help="worker processes, each training its own runs (default: seeds, at most the "
+        "cores; 1 under torchrun)",
+    )
+    p.add_argument(
         "--threads",
         type=int,
         metavar="N",
@@ -226,10 +233,13 @@ def run(args: argparse.Namespace) -> int:
             if getattr(merged, dest, None) is None:
                 setattr(merged, dest, value)
         config = config_from_args(merged)
-        if merged.threads is not None and merged.threads < 1:
-            raise ValueError(f"--threads must be >= 1, got {merged.threads}")
+        for flag in ("threads", "jobs"):
+            if getattr(merged, flag) is not None and getattr(merged, flag) < 1:
+                raise ValueError(f"--{flag} must be >= 1, got {getattr(merged, flag)}")
+        cores = os.cpu_count() or 1
         local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        threads = merged.threads or max(1, (os.cpu_count() or 1) // local)
+        jobs = merged.jobs or (1 if local > 1 else min(len(config.seeds), cores))
+        threads = merged.threads or max(1, cores // (local * jobs))
         out = Path(merged.out) if merged.out else None
         if name is not None:
             out = (out or Path(f"runs/lab-{stamp}")) / name
@@ -242,6 +252,7 @@ def run(args: argparse.Namespace) -> int:
             device=merged.device or "auto",
             progress=not merged.no_progress,
             sweep_file=text,
+            jobs=jobs,
         )
         statuses += [r["status"] for r in results["runs"]]
     if statuses and "ok" not in statuses:

@@ -96,8 +96,8 @@ class LabConfig:
     corpus: str | None = None
     train_len: int = 64
     eval_lens: tuple[int, ...] = (64, 128, 256, 512, 1024)
-    steps: int = 350
-    batch_size: int = 64
+    steps: int = 300
+    batch_size: int = 48
     lr: float = 3e-3
     warmup: int = 30
     weight_decay: float = 0.01

@@ -109,8 +109,8 @@ def perplexity(
         window = data[chunk[:, None] + offsets].long().to(context.device)  # [B, T+1]
         logits = model(window[:, :-1])[:, length - scored :]  # [B, S, V]
         targets = window[:, 1 + length - scored :]  # [B, S]
-        loss = F.cross_entropy(logits.double().transpose(1, 2), targets, reduction="none")
-        nll += loss.sum(0).cpu()
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="none")
+        nll += loss.view(targets.shape).double().sum(0).cpu()  # float32 per byte, summed in float64
     per_position = context.sum(nll) / starts.numel()  # [S]
     tokens = starts.numel() * scored
     loss = float(per_position.mean())

@@ -91,7 +91,7 @@ def conclusions(results: dict) -> list[str]:
     train_len = results["config"]["train_len"]
     sentences = []
     for n in results["config"]["eval_lens"]:
-        ranked = stats.chain(table, str(n), higher=higher)
+        ranked = stats.chain(table, str(n), higher=higher, train_len=train_len)
         if not ranked:
             continue
         text = ""

@@ -8,7 +8,8 @@ run whose loss becomes NaN is recorded as failed and the sweep goes on.
 
 Under ``torchrun`` with several seeds, the runs are spread over the processes (each
 trains its runs alone, one per process at a time); with one seed the processes train
-each run together, data-parallel (``posenc.lab.distributed``).
+each run together, data-parallel (``posenc.lab.distributed``). Without ``torchrun``,
+``jobs > 1`` spreads the runs over that many local worker processes (``posenc.lab.jobs``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from posenc.lab import plots, report
 from posenc.lab.config import LabConfig
 from posenc.lab.distributed import Context, init_context
+from posenc.lab.jobs import run_in_processes
 from posenc.lab.results import (
     check_identity,
     environment,
@@ -102,6 +104,7 @@ def run_lab(
     device: str = "auto",
     progress: bool = True,
     sweep_file: str | None = None,
+    jobs: int = 1,
 ) -> dict:
     """Run (or resume) the sweep of ``config``; return the merged results.
 
@@ -113,6 +116,8 @@ def run_lab(
         device: ``"auto"``, ``"cpu"`` or ``"cuda"``.
         progress: show progress bars.
         sweep_file: the text of the ``--config`` file, saved as ``sweep.toml``.
+        jobs: local worker processes, each with ``threads`` threads (ignored under
+            ``torchrun``).
 
     Raises:
         ValueError: bad corpus, lengths or output folder (one clear message).
@@ -149,16 +154,25 @@ def run_lab(
             todo, local = todo[context.rank :: context.world], Context(device=context.device)
         bars = _progress(console, progress and context.is_main)
         runner = Runner(config, work, local, out, bars, identity)
+        if jobs > 1 and context.world == 1 and len(todo) > 1:
+            threads = threads or torch.get_num_threads()
+            records = run_in_processes(config, out, identity, todo, jobs=jobs, threads=threads,
+                                       device=context.device)  # fmt: skip
+        else:
+            records = (runner.run(name, seed) for name, seed in todo)
         status = "interrupted"
         try:
             with bars:
-                for name, seed in todo:
-                    runs[name, seed] = runner.run(name, seed)
+                for record in records:
+                    key = record["encoding"], record["seed"]
+                    runs[key] = record
                     if local.is_main:
-                        write_json(out / "runs" / f"{run_name(name, seed)}.json", runs[name, seed])
+                        write_json(out / "runs" / f"{run_name(*key)}.json", record)
                     if context.is_main:
                         partial = merged(config, work, context, runs, "running", identity)
                         _publish(out, partial, figures=False)
+                        if jobs > 1 and progress:
+                            console.print(f"finished {run_name(*key)} ({record.get('seconds')} s)")
             status = "complete"
         finally:
             if _spread(context, config) and status == "complete":

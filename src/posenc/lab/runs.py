@@ -80,7 +80,7 @@ class Runner:
             try:
                 results[str(length)] = self.work.evaluate(model_at(length), length, seed)
             except ValueError as exc:
-                results[str(length)], notes[str(length)] = None, str(exc)
+                results[str(length)], notes[str(length)] = None, _in_lab_words(str(exc))
         return {"label": label, "kind": kind, "results": results, "notes": notes}
 
     def _finetuned(self, name: str, model: TinyLM, label: str, options, seed: int) -> dict:
@@ -185,6 +185,14 @@ class Runner:
             status="ok", error=None, rows=rows, seconds=round(time.perf_counter() - start, 2)
         )
         return record
+
+
+def _in_lab_words(message: str) -> str:
+    """A library message with its Python advice put as the lab's option."""
+    return message.replace(
+        "use beyond='interpolate' or a larger max_len",
+        "the row `learned +interpolate` (--learned-beyond interpolate) stretches the table",
+    )
 
 
 def _tuned(name: str, config: LabConfig) -> list[Variant]:

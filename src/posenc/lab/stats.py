@@ -61,6 +61,7 @@ class Row:
 
     label: str
     cells: dict[str, Cell]
+    kind: str = "trained"
 
 
 def higher_is_better(metric: str) -> bool:
@@ -78,14 +79,19 @@ def rows(results: dict) -> list[Row]:
     """Every row label of the finished runs, in sweep order, with its cells over seeds."""
     lens = [str(n) for n in results["config"]["eval_lens"]]
     table: dict[str, dict[str, dict[int, float | None]]] = {}
+    kinds: dict[str, str] = {}
     for run in results["runs"]:
         if run["status"] != "ok" or run.get("learned") is False:
             continue
         for row in run["rows"]:
             cells = table.setdefault(row["label"], {n: {} for n in lens})
+            kinds[row["label"]] = row["kind"]
             for n in lens:
                 cells[n][run["seed"]] = value_of(results["metric"], row["results"].get(n))
-    return [Row(label, {n: Cell(v) for n, v in cells.items()}) for label, cells in table.items()]
+    return [
+        Row(label, {n: Cell(v) for n, v in cells.items()}, kinds[label])
+        for label, cells in table.items()
+    ]
 
 
 def paired_wins(a: Cell, b: Cell, *, higher: bool) -> tuple[int, int]:
@@ -96,10 +102,19 @@ def paired_wins(a: Cell, b: Cell, *, higher: bool) -> tuple[int, int]:
     return wins, len(both)
 
 
-def chain(table: list[Row], length: str, *, higher: bool) -> list[tuple[str, bool]]:
+def chain(
+    table: list[Row], length: str, *, higher: bool, train_len: int | None = None
+) -> list[tuple[str, bool]]:
     """Rows at ``length`` sorted best first, each with whether it beats the next row in
-    every seed (``False``: within noise, or a single seed)."""
-    ranked = [r for r in table if r.cells[length].mean is not None]
+    every seed (``False``: within noise, or a single seed). Up to ``train_len``, rows
+    derived at evaluation time (scalings, interpolation) are their model and are left out."""
+    derived = ("scaling", "interpolate")
+    ranked = [
+        r
+        for r in table
+        if r.cells[length].mean is not None
+        and not (train_len and int(length) <= train_len and r.kind in derived)
+    ]
     ranked.sort(key=lambda r: r.cells[length].mean, reverse=higher)
     out = []
     for here, after in zip(ranked, [*ranked[1:], None], strict=True):

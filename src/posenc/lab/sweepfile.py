@@ -65,6 +65,7 @@ OPTIONS: dict[str, tuple[str, type | tuple[type, ...]]] = {
     "quick": ("quick", bool),
     "out": ("out", str),
     "threads": ("threads", int),
+    "jobs": ("jobs", int),
     "device": ("device", str),
     "no_progress": ("no_progress", bool),
 }
