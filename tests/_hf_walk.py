@@ -14,11 +14,14 @@ Shapes: ``B`` batch, ``H`` heads, ``T`` length, ``D`` head_dim, ``R`` rotary dim
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import inspect
 import math
+import random
 import re
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -123,12 +126,20 @@ def hf_head_dim(case: RotaryCase, config, layer_idx: int = 0) -> int | None:
 def hf_config(case: RotaryCase):
     """``(config for posenc, config the family's rotary module receives)``.
 
+    The family's default config, with a random base ``10 ** U(3, 7)`` (seeded by the
+    case) where its ``rope_parameters`` are one flat dict that the config class accepts.
     A composite model's rotary module gets its text (decoder) sub-config, as the model
     passes it; posenc gets the whole config and has to find that part itself.
     """
-    config = case.config_class()(**CONFIG_FIELDS.get(case.family, {}))
-    sub = config.get_text_config(decoder=True)
-    return config, sub
+    cls, fields = case.config_class(), CONFIG_FIELDS.get(case.family, {})
+    config = cls(**fields)
+    params = getattr(config, "rope_parameters", None)
+    if isinstance(params, dict) and isinstance(params.get("rope_theta"), float):
+        rng = random.Random(zlib.crc32(case.rotary.encode()))
+        theta = round(10 ** rng.uniform(3, 7))
+        with contextlib.suppress(TypeError, ValueError):  # else the class's own default
+            config = cls(**fields, rope_parameters={**params, "rope_theta": float(theta)})
+    return config, config.get_text_config(decoder=True)
 
 
 _CALL = re.compile(r"\b(apply_\w*rot\w*)\(")
