@@ -19,12 +19,11 @@ Shapes: ``D`` head_dim, ``R`` rotary dim. The fields read, as transformers reads
   ``max_position_embeddings / original_max_position_embeddings``.
 
 A field that changes positions and that the family's entry does not list raises
-``ValueError`` (never ignored): see ``check_position_fields``.
+``ValueError`` (never ignored): see ``posenc.hf.families.check_position_fields``.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -32,12 +31,11 @@ from typing import Any
 from posenc._checks import check_bool, check_int
 from posenc.encodings.rotary.module import RotaryEmbedding
 from posenc.encodings.rotary.scaling import DEFAULT_BASE, RopeScaling, resolve_scaling
-from posenc.hf.families import FAMILIES, Family, family
+from posenc.hf.families import FAMILIES, Family, check_position_fields, family
 
 __all__ = [
     "HFRopeConfig",
     "as_config_dict",
-    "check_position_fields",
     "config_family",
     "layer_types_of",
     "parse_hf_rope_config",
@@ -45,12 +43,6 @@ __all__ = [
 ]
 
 _ORIGINAL = "original_max_position_embeddings"
-_POSITION_FIELD = re.compile(r"rope|rotary|pos_emb|position_embedding_type|theta|scaling_beta")
-_READ = frozenset(
-    {"rope_parameters", "rope_scaling", "rope_theta", "rotary_emb_base", "partial_rotary_factor",
-     "rotary_pct"}
-)  # fmt: skip
-_NESTED = ("attn_config",)  # a dict of attention settings inside the config
 SUB_CONFIGS = ("text_config", "thinker_config")  # where a composite keeps its text model
 
 
@@ -115,39 +107,6 @@ def config_family(config: object) -> tuple[dict[str, Any], Family]:
     if "model_type" not in cfg:
         return cfg, Family()  # a hand-written dict: Llama-style
     return cfg, family(cfg["model_type"])
-
-
-def check_position_fields(cfg: Mapping[str, Any], fam: Family) -> None:
-    """Raise on a set field that changes positions and that ``fam`` does not read.
-
-    A field is position-changing when its name mentions rope, rotary, pos_emb,
-    position_embedding_type, theta or scaling_beta; None, False and empty values are unset.
-    DBRX's and MPT's nested ``attn_config`` is searched too (``attn_config.rope_theta``).
-
-    Raises:
-        ValueError: naming the field, its value and the model_type.
-    """
-    _check_fields(cfg, fam, cfg.get("model_type"), "")
-    kind = cfg.get("position_embedding_type")
-    if "position_embedding_type" in fam.fields and kind not in (None, "rotary"):
-        raise ValueError(f"position_embedding_type={kind!r} is not rotary; this config has no RoPE")
-
-
-def _check_fields(cfg: Mapping[str, Any], fam: Family, model_type: object, prefix: str) -> None:
-    for key, value in cfg.items():
-        name = str(key)
-        if prefix + name in _READ or prefix + name in fam.fields:
-            continue
-        if isinstance(value, Mapping) and name in _NESTED and not prefix:
-            _check_fields(value, fam, model_type, f"{name}.")
-            continue
-        if value is None or value is False or value == [] or value == {}:
-            continue
-        if _POSITION_FIELD.search(name):
-            raise ValueError(
-                f"config field {prefix}{name}={value!r} changes positions, and posenc does not "
-                f"read it for model_type {model_type!r}; build the encoding explicitly"
-            )
 
 
 def _first(*values: object) -> Any:
@@ -290,6 +249,10 @@ def rope_from_hf_config(
     length_policy: str = "transformers",
 ) -> RotaryEmbedding:
     """Build the ``RotaryEmbedding`` a Hugging Face model uses (RoPE families only).
+
+    In a model whose layers differ (NoPE layers, per-layer bases), this is the rotation of
+    the layers that rotate with the config's own parameters; ``posenc.hf.layer_plan``
+    says which layers those are, and ``posenc.from_hf_config`` refuses to guess.
 
     Args:
         config: a ``config.json`` dict or a ``transformers.PretrainedConfig``.

@@ -29,9 +29,12 @@ the layout explicitly to ``posenc.RotaryEmbedding``) for a ``model_type`` it lac
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["FAMILIES", "LAYOUTS", "Family", "family"]
+__all__ = ["FAMILIES", "LAYOUTS", "Family", "check_position_fields", "family"]
 
 LAYOUTS = ("half", "interleaved", "rope_interleave")
 
@@ -209,3 +212,44 @@ def family(model_type: object) -> Family:
             "the dict to read it as a Llama-style (half-split) config"
         )
     return found
+
+
+_POSITION_FIELD = re.compile(r"rope|rotary|pos_emb|position_embedding_type|theta|scaling_beta")
+_READ = frozenset(
+    {"rope_parameters", "rope_scaling", "rope_theta", "rotary_emb_base", "partial_rotary_factor",
+     "rotary_pct"}
+)  # fmt: skip
+_NESTED = ("attn_config",)  # a dict of attention settings inside the config
+
+
+def check_position_fields(cfg: Mapping[str, Any], fam: Family) -> None:
+    """Raise on a set field that changes positions and that ``fam`` does not read.
+
+    A field is position-changing when its name mentions rope, rotary, pos_emb,
+    position_embedding_type, theta or scaling_beta; None, False and empty values are unset.
+    DBRX's and MPT's nested ``attn_config`` is searched too (``attn_config.rope_theta``).
+
+    Raises:
+        ValueError: naming the field, its value and the model_type.
+    """
+    _check_fields(cfg, fam, cfg.get("model_type"), "")
+    kind = cfg.get("position_embedding_type")
+    if "position_embedding_type" in fam.fields and kind not in (None, "rotary"):
+        raise ValueError(f"position_embedding_type={kind!r} is not rotary; this config has no RoPE")
+
+
+def _check_fields(cfg: Mapping[str, Any], fam: Family, model_type: object, prefix: str) -> None:
+    for key, value in cfg.items():
+        name = str(key)
+        if prefix + name in _READ or prefix + name in fam.fields:
+            continue
+        if isinstance(value, Mapping) and name in _NESTED and not prefix:
+            _check_fields(value, fam, model_type, f"{name}.")
+            continue
+        if value is None or value is False or value == [] or value == {}:
+            continue
+        if _POSITION_FIELD.search(name):
+            raise ValueError(
+                f"config field {prefix}{name}={value!r} changes positions, and posenc does not "
+                f"read it for model_type {model_type!r}; build the encoding explicitly"
+            )
