@@ -16,7 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.image import imread
+from matplotlib.text import Text
 
 import posenc
 from posenc import viz
@@ -50,7 +52,81 @@ def svg_ids(path: Path) -> tuple[set[str], list[str]]:
     return ids, texts
 
 
+def text_outside_canvas(fig) -> list[str]:
+    """Every drawn text (titles, labels, drawn tick labels) not wholly inside the canvas.
+
+    Tick labels are checked through their axis's tight box, which holds only the ticks
+    matplotlib draws (the locator also makes labels for ticks outside the view).
+    """
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    canvas_box = fig.bbox.padded(1.0)  # one pixel of antialiasing
+    ticks = {
+        id(label)
+        for ax in fig.axes
+        for axis in (ax.xaxis, ax.yaxis)
+        for tick in axis.get_major_ticks() + axis.get_minor_ticks()
+        for label in (tick.label1, tick.label2)
+    }
+    boxes = [
+        (repr(t.get_text()), t.get_window_extent(renderer))
+        for t in fig.findobj(Text)
+        if id(t) not in ticks and t.get_visible() and t.get_text().strip()
+    ]
+    boxes += [
+        (f"{axis.axis_name} axis of {ax.get_title()!r}", axis.get_tightbbox(renderer))
+        for ax in fig.axes
+        if ax.axison
+        for axis in (ax.xaxis, ax.yaxis)
+    ]
+    return [
+        f"{name} at {box.extents.round().tolist()}"
+        for name, box in boxes
+        if box is not None
+        and not (canvas_box.contains(box.x0, box.y0) and canvas_box.contains(box.x1, box.y1))
+    ]
+
+
 # --------------------------------------------------------------------------- figures
+
+
+@pytest.mark.parametrize("what", [*GALLERY, "alibi", "rope", "t5"])
+def test_no_text_lies_outside_the_canvas(what):
+    """Each figure at the size `posenc show` writes it (the README's): nothing clipped."""
+    assert text_outside_canvas(make_figure(what)) == []
+
+
+def test_clipping_check_sees_a_clipped_title():
+    fig = viz.absolute_panel("sinusoidal", d_model=8, length=10)
+    fig.axes[0].set_title("x" * 400)
+    assert any("xxxx" in line for line in text_outside_canvas(fig))
+
+
+def test_bias_colours_fit_the_sign_and_range_of_each_head():
+    fig = viz.bias_figure(["alibi", "shaw"], num_heads=2, length=8)
+    bias, _ = viz.score_biases("alibi", num_heads=2, length=8)
+    alibi = [ax.get_images()[0] for ax in fig.axes if ax.get_title().startswith("alibi")]
+    for h, image in enumerate(alibi):  # all <= 0: sequential, white at 0, darkest at the min
+        assert image.get_cmap().name.startswith("Blues_r")
+        assert image.get_clim() == pytest.approx((np.tril(bias[h]).min(), 0.0))
+    shaw = [ax.get_images()[0] for ax in fig.axes if ax.get_title().startswith("shaw")]
+    for image in shaw:  # both signs: diverging, symmetric about 0
+        low, high = image.get_clim()
+        assert image.get_cmap().name.startswith("RdBu_r") and low == -high
+
+
+def test_attention_colour_bars_cover_the_data():
+    fig = viz.attention_figure(["alibi", "rope", "nope"], d_model=16, num_heads=2, length=8)
+    panels = [ax for ax in fig.axes if ax.get_title().endswith("head 0")]
+    assert [ax.get_xlabel() for ax in panels] == ["key j"] * 3
+    assert panels[0].get_ylabel() == "query i"
+    for ax in panels[:2]:
+        image = ax.get_images()[0]
+        values = np.ma.filled(image.get_array(), np.nan)
+        low, high = image.get_clim()
+        assert low == -high == -np.nanmax(np.abs(values))  # nothing saturates
+    assert "uniform" in [t.get_text() for t in panels[2].texts]
 
 
 def test_absolute_panel_by_name():
@@ -166,7 +242,7 @@ def test_bias_and_attention_figures():
     ]  # fmt: skip
     fig = viz.attention_figure(["nope", "alibi"], d_model=16, num_heads=2, length=8)
     nope = fig.axes[0].get_images()[0].get_array()  # log2(p * visible keys): 0 = uniform
-    np.testing.assert_allclose(np.ma.filled(nope, 0.0), 0.0, atol=1e-9)
+    np.testing.assert_array_equal(np.ma.filled(nope, 0.0), 0.0)
     with pytest.raises(ValueError, match="'rope' does not act at the score site"):
         viz.bias_figure(["rope"])
     with pytest.raises(ValueError, match="heads"):

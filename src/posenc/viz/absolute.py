@@ -102,7 +102,7 @@ def _stacked(ax: Axes, x: np.ndarray, rows: list[tuple[str, np.ndarray]], *, xla
         ax.axhline(-i * step, color="0.75", lw=0.8)
         ax.plot(x, y - i * step, lw=1.4, marker="." if len(x) <= 60 else None, ms=4)
     ax.set_yticks([-i * step for i in range(len(rows))], [label for label, _ in rows])
-    ax.set(xlabel=xlabel, ylabel=f"value (each row spans +-{scale:.2g})")
+    ax.set(xlabel=xlabel, ylabel=f"value (each row spans ±{scale:.2g})")
     ax.grid(axis="x", alpha=0.3)
 
 
@@ -129,10 +129,12 @@ def similarity_figure(
     fig.suptitle("similarity of positions: PE PE^T and cosine", fontsize=14)
     for (table, label), (ax_dot, ax_cos, ax_k) in zip(tables, axes, strict=True):
         heatmap(ax_dot, analysis.dot_product_distance(table), cmap="magma", label="dot product")
-        ax_dot.set(title=f"{label}: PE PE^T", xlabel="position", ylabel="position")
+        ax_dot.set(xlabel="position", ylabel="position")
+        ax_dot.set_title(f"{label}: PE PE^T", fontsize=11)
         cos = analysis.cosine_similarity_matrix(table)
         heatmap(ax_cos, cos, cmap="viridis", label="cosine")
-        ax_cos.set(title=f"{label}: cosine similarity", xlabel="position", ylabel="position")
+        ax_cos.set(xlabel="position", ylabel="position")
+        ax_cos.set_title(f"{label}: cosine similarity", fontsize=11)
         offsets = np.arange(table.shape[0])
         diags = [np.diagonal(cos, k) for k in offsets]
         mean = np.array([d.mean() for d in diags])
@@ -140,11 +142,8 @@ def similarity_figure(
             offsets, [d.min() for d in diags], [d.max() for d in diags], alpha=0.3, label="min-max"
         )
         ax_k.plot(offsets, mean, lw=1.6, label="mean")
-        ax_k.set(
-            title=f"{label}: similarity by distance",
-            xlabel="distance |p1 - p2|",
-            ylabel="cosine similarity",
-        )
+        ax_k.set(xlabel="distance |p1 - p2|", ylabel="cosine similarity")
+        ax_k.set_title(f"{label}: cosine by distance", fontsize=11)
         ax_k.legend(loc="upper right", fontsize=9)
         ax_k.grid(alpha=0.3)
     return fig

@@ -13,7 +13,9 @@ Shapes: ``B`` batch, ``H`` heads, ``T`` length, ``D`` head_dim, ``C = H * D`` d_
 * ``attention_probs``: those probabilities for any input (the eager formula of
   ``posenc.attention_backends``, ``softmax(q k^T / sqrt(D) + b + mask)``).
 
-Parts above the diagonal are grey: causal models never use them.
+Parts above the diagonal are grey: causal models never use them. Each panel has its own
+colour scale (heads differ by orders of magnitude): a sequential map for a one-signed
+bias (ALiBi, KERPLE, Sandwich are <= 0), a diverging map centred on zero otherwise.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from posenc.base import PositionalEncoding, Site, available, info
 from posenc.viz._common import build_encoding, encodings_at, new_figure
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 __all__ = ["attention_figure", "attention_probs", "bias_figure", "score_biases"]
@@ -73,6 +76,55 @@ def _masked_cmap(name: str):
     return matplotlib.colormaps[name].with_extremes(bad="0.82")
 
 
+def colour_scale(values: np.ndarray, *, centred: bool = False) -> dict[str, object]:
+    """``imshow`` keywords (``cmap``, ``vmin``, ``vmax``) that fit ``values`` (NaN ignored).
+
+    All <= 0: a sequential map, white at 0 and darkest at the minimum; all >= 0: white at
+    0 and darkest at the maximum; both signs, or ``centred``: a diverging map symmetric
+    about 0. The range is the data's own, so nothing saturates.
+    """
+    finite = values[np.isfinite(values)]
+    low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 0.0)
+    if low < 0 < high or (centred and (low or high)):
+        lim = max(-low, high)
+        return {"cmap": _masked_cmap("RdBu_r"), "vmin": -lim, "vmax": lim}
+    if low < 0:
+        return {"cmap": _masked_cmap("Blues_r"), "vmin": low, "vmax": 0.0}
+    if high > 0:
+        return {"cmap": _masked_cmap("Reds"), "vmin": 0.0, "vmax": high}
+    return {"cmap": _masked_cmap("Greys"), "vmin": 0.0, "vmax": 1.0}  # all zero: white
+
+
+def _panel(
+    ax: Axes,
+    values: np.ndarray,
+    *,
+    title: str,
+    label: str | None,
+    centred: bool = False,
+    flat: str = "zero at\ninitialisation",
+) -> None:
+    """One ``[T, T]`` map with its own colour bar (labelled when ``label`` is given).
+
+    A map that is zero up to rounding (``< 1e-9``) is drawn white with the note ``flat``
+    and no colour bar: a scale stretched over rounding noise would draw a pattern.
+    """
+    length = values.shape[-1]
+    if not np.nanmax(np.abs(values)) > 1e-9:
+        values = np.where(np.isnan(values), np.nan, 0.0)
+    image = ax.imshow(values, interpolation="nearest", **colour_scale(values, centred=centred))
+    ax.set_title(title, fontsize=10)
+    ax.set_xticks([0, length - 1])
+    ax.set_yticks([0, length - 1])
+    if not np.nanmax(np.abs(values)) > 0:
+        ax.text(length / 2, length * 0.7, flat, ha="center")
+        return
+    bar = ax.figure.colorbar(image, ax=ax, shrink=0.8, pad=0.02)
+    bar.ax.tick_params(labelsize=8)
+    if label:
+        bar.set_label(label, fontsize=9)
+
+
 def _causal(values: np.ndarray) -> np.ndarray:
     """``values [..., T, T]`` with the entries above the diagonal set to NaN (blank)."""
     length = values.shape[-1]
@@ -96,31 +148,22 @@ def bias_figure(
     if not names:
         raise ValueError("no score-site encoding is registered or named")
     num_heads = check_int("num_heads", num_heads)
-    fig = new_figure(2.6 * num_heads + 1.2, 2.5 * len(names) + 0.6)
+    fig = new_figure(3.0 * num_heads + 0.6, 2.5 * len(names) + 0.9)
     axes = fig.subplots(len(names), num_heads, squeeze=False)
     fig.suptitle(
-        f"Attention-logit bias b[i, j] per head, query i (rows) x key j (columns), T = {length}"
-        " (initialisation, seed 0; grey: masked by causality)",
+        f"Attention-logit bias b[i, j] per head, T = {length}, at initialisation (seed 0)\n"
+        "query i (rows) x key j (columns); grey: masked by causality; "
+        "each panel has its own colour scale",
         fontsize=12,
     )
     for row, name in zip(axes, names, strict=True):
         bias, content = score_biases(name, num_heads=num_heads, length=length)
         bias = _causal(bias)
-        lim = float(np.nanmax(np.abs(bias))) or 1.0
         for h, ax in enumerate(row):
-            image = ax.imshow(
-                bias[h], cmap=_masked_cmap("RdBu_r"), vmin=-lim, vmax=lim, interpolation="nearest"
-            )
-            ax.set_title(f"{name}, head {h}", fontsize=10)
-            ax.set_xticks([0, length - 1])
-            ax.set_yticks([0, length - 1])
+            label = "bias" if h == num_heads - 1 else None
+            _panel(ax, bias[h], title=f"{name}, head {h}", label=label)
+            ax.set_xlabel("key j", fontsize=9)
         row[0].set_ylabel("query i" + ("\n(random q, k)" if content else ""))
-        if not np.nanmax(np.abs(bias)) > 0:
-            for ax in row:
-                ax.text(length * 0.3, length * 0.75, "zero at\ninitialisation", ha="center")
-        row[-1].figure.colorbar(image, ax=list(row), label="bias", shrink=0.85)
-    for ax in axes[-1]:
-        ax.set_xlabel("key j")
     return fig
 
 
@@ -192,31 +235,30 @@ def attention_figure(
     columns = len(heads) if len(heads) > 1 else min(4, len(names))
     panels = [(n, h) for n in names for h in heads]
     rows = -(-len(panels) // columns)
-    fig = new_figure(3.1 * columns + 1.0, 2.9 * rows + 0.7)
-    axes = fig.subplots(rows, columns, squeeze=False).ravel()
+    fig = new_figure(3.3 * columns + 0.4, 2.9 * rows + 0.9)
+    axes = fig.subplots(rows, columns, squeeze=False)
     fig.suptitle(
-        "Attention of an untrained MultiHeadAttention (seed 1) when all "
-        f"{length} positions hold the same token:\nlog2(probability x visible keys), "
-        "0 = uniform over the visible keys (grey: masked); query (rows) x key (columns)",
+        f"Attention of an untrained MultiHeadAttention (seed 1), all {length} positions holding "
+        "the same token:\nlog2(p / uniform), 0 (white) = uniform over the visible keys; "
+        "grey: masked; each panel has its own colour scale",
         fontsize=12,
     )
     token = torch.randn(d_model, generator=torch.Generator().manual_seed(0))
     x = token.expand(1, length, d_model).double()
     visible = np.arange(1, length + 1)[:, None]  # keys a causal query i sees
-    image = None
-    for ax, (name, head) in zip(axes, panels, strict=False):
+    for i, (ax, (name, head)) in enumerate(zip(axes.ravel(), panels, strict=False)):
         embed, mha = _attention_model(name, d_model, num_heads, length)
         with torch.no_grad():
             h = x if embed is None else embed.embed(x)
             probs = attention_probs(mha.double(), h)[0, head].numpy()
         ratio = _causal(np.log2(np.maximum(probs * visible, 1e-30)))
-        image = ax.imshow(
-            ratio, cmap=_masked_cmap("PuOr_r"), vmin=-1.5, vmax=1.5, interpolation="nearest"
-        )
-        ax.set_title(f"{name}, head {head}", fontsize=10)
-        ax.set_xticks([0, length - 1])
-        ax.set_yticks([0, length - 1])
-    for ax in axes[len(panels) :]:
+        last_column = i % columns == columns - 1 or i == len(panels) - 1
+        label = "log2(p / uniform)" if last_column else None
+        title = f"{name}, head {head}"
+        _panel(ax, ratio, title=title, label=label, centred=True, flat="uniform")
+        ax.set_xlabel("key j", fontsize=9)
+        if i % columns == 0:
+            ax.set_ylabel("query i")
+    for ax in axes.ravel()[len(panels) :]:
         ax.axis("off")
-    fig.colorbar(image, ax=list(axes), label="log2(p / uniform)", shrink=0.6, extend="both")
     return fig

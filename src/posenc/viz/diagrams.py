@@ -157,7 +157,7 @@ def rope_rotation_diagram(*, theta: float = 0.3, m: int = 5, n: int = 2, shift: 
     theta = check_float("theta", theta, positive=True)
     m, n = check_int("m", m, minimum=0), check_int("n", n, minimum=0)
     shift = check_int("shift", shift, minimum=0)
-    fig = new_figure(12, 5.2)
+    fig = new_figure(12, 7.0)
     left, right = fig.subplots(1, 2)
     fig.suptitle(
         "RoPE: q at position m turns by mθ, k at position n by nθ; q·k depends only on m - n",
@@ -203,10 +203,10 @@ def _rotation_panel(ax: Axes, theta: float, m: int, n: int, *, prefix: str, titl
     q, k = (1.0, 0.0), (0.8, 0.0)
     q_m, k_n = _rotate(q, m * theta), _rotate(k, n * theta)
     ax.set_aspect("equal")
-    ax.set(xlim=(-1.3, 1.3), ylim=(-0.55, 1.3), title=title)
+    ax.set(xlim=(-1.35, 1.35), ylim=(-1.35, 1.35), title=title)
     ax.axhline(0, color="0.85", lw=0.8)
     ax.axvline(0, color="0.85", lw=0.8)
-    _arc(ax, 1.0, 0, 2 * math.pi, color="0.9", lw=0.8)
+    _arc(ax, 1.0, 0, 2 * math.pi, color="0.75", lw=1.0)  # the unit circle
     ax.set_xlabel("feature 2i (first of the pair)")
     ax.set_ylabel("feature 2i + 1")
     for vec, color in ((q, "C0"), (k, "C1")):
@@ -233,27 +233,31 @@ def _rotation_panel(ax: Axes, theta: float, m: int, n: int, *, prefix: str, titl
             fontsize=11,
             weight="bold",
         )
-    _arc(ax, 0.2, 0, m * theta, color="C0", lw=1)
-    _arc(ax, 0.13, 0, n * theta, color="C1", lw=1)
-    mid = 0.5 * m * theta
-    ax.text(0.3 * math.cos(mid), 0.3 * math.sin(mid), f"{m}θ", color="C0", fontsize=9)
-    ax.text(0.13, -0.09, f"{n}θ", color="C1", fontsize=9)
-    _arc(ax, 0.55, n * theta, m * theta, color="C2", lw=3, gid=f"{prefix}-angle")
+    # the turns from the unrotated direction (angle 0); their key sits in the top corner
+    box = {"fc": "white", "ec": "none", "alpha": 0.85, "pad": 1.0}
+    for radius, angle, text, color, y in (
+        (0.38, m * theta, f"outer arc: q turned by mθ = {m}θ", "C0", 1.3),
+        (0.24, n * theta, f"inner arc: k turned by nθ = {n}θ", "C1", 1.17),
+    ):
+        _arc(ax, radius, 0, angle, color=color, lw=1.5)
+        ax.text(-1.3, y, text, color=color, fontsize=10, va="top")
+    _arc(ax, 0.62, n * theta, m * theta, color="C2", lw=3, gid=f"{prefix}-angle")
     mid = 0.5 * (m + n) * theta
     ax.text(
-        0.68 * math.cos(mid),
-        0.68 * math.sin(mid),
+        0.8 * math.cos(mid),
+        0.8 * math.sin(mid),
         f"(m - n)θ = {m - n}θ",
         color="C2",
-        fontsize=10,
+        fontsize=11,
         weight="bold",
         ha="center",
         va="center",
+        bbox=box,
     )
     dot = float(q_m @ k_n)
     label = ax.text(
         0.0,
-        -0.4,
+        -0.7,
         f"q·k = |q||k| cos({m - n}θ) = {dot:.4f}",
         ha="center",
         fontsize=11,

@@ -92,7 +92,8 @@ def rope_decay_figure(
 
     Left: the default frequencies for each of ``bases``. Right: each scaling of
     ``rope_scalings(factor, original)`` at ``base``, with the trained length ``L0`` and
-    the target ``factor * L0`` marked.
+    the target ``factor * L0`` marked. Each curve is the bound's mean over the integer
+    distances within ±25% of each point (the exact bound oscillates too fast to read).
 
     Raises:
         ValueError: odd ``head_dim``, an empty or non-positive ``bases``, bad scaling
@@ -102,30 +103,36 @@ def rope_decay_figure(
     if not bases:
         raise ValueError("rope_decay_figure needs at least one base, got none")
     target = int(factor * original)
-    centres = np.geomspace(1, 4 * target, 160)
-    # 33 integer distances across +-15% of each centre: the smoothed curve is their mean
-    spread = np.unique(np.round(centres[:, None] * np.geomspace(1 / 1.15, 1.15, 33)), axis=1)
-    fig = new_figure(14, 5.2)
+    centres = np.geomspace(1, 4 * target, 90)
+    # 65 distances across ±25% of each centre (rounded to integers): the curve is their mean
+    spread = np.round(centres[:, None] * np.geomspace(1 / 1.25, 1.25, 65))
+    fig = new_figure(14, 5.4)
     ax_base, ax_scale = fig.subplots(1, 2, sharey=True)
     fig.suptitle(
-        f"RoPE long-range decay: RoFormer's bound (1/(d/2)) Σ_j |S_j|, head_dim = {head_dim} "
-        "(thin: exact; thick: mean over ±15% of the distance)",
+        f"RoPE long-range decay: RoFormer's bound (1/(d/2)) Σ_j |S_j|, head_dim = {head_dim}, "
+        "mean over ±25% of the distance",
         fontsize=13,
     )
-    curves = [(ax_base, f"base {b:g}", b, None) for b in bases]
-    curves += [(ax_scale, name, base, sc) for name, sc in rope_scalings(factor, original).items()]
-    for ax, name, b, scaling in curves:
-        theta, scale = _inv_freq(head_dim, check_float("base", b, positive=True), scaling, target)
-        (line,) = ax.plot(centres, rope_decay_bound(theta, centres.round()), lw=0.6, alpha=0.45)
-        smooth = rope_decay_bound(theta, spread).mean(axis=-1)
-        ax.plot(centres, smooth, lw=2, color=line.get_color(), label=_label(name, scale))
+    panels = [(ax_base, [(f"base {b:g}", b, None) for b in bases])]
+    panels += [(ax_scale, [(n, base, sc) for n, sc in rope_scalings(factor, original).items()])]
+    for ax, curves in panels:
+        for (name, b, scaling), ls in zip(curves, ["-", "--", "-.", ":"] * 2, strict=False):
+            b = check_float("base", b, positive=True)
+            theta, scale = _inv_freq(head_dim, b, scaling, target)
+            smooth = rope_decay_bound(theta, spread).mean(axis=-1)
+            ax.plot(centres, smooth, lw=2, ls=ls, label=_label(name, scale))
     ax_base.set_title("default frequencies, several bases")
-    ax_scale.set_title(f"scalings of base {base:g}: factor s = {factor:g}")
+    ax_scale.set_title(
+        f"scalings of base {base:g}: factor s = {factor:g}, trained length L0 = {original}"
+    )
     for ax in (ax_base, ax_scale):
         ax.set(xscale="log", xlabel="relative distance |m - n|")
-        ax.grid(alpha=0.3, which="both")
-        ax.legend(loc="lower left", fontsize=8)
-    for value, text, ls in ((original, " L0", "--"), (target, " s L0", ":")):
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower left", fontsize=9)
+    for value, text, ls in (
+        (original, f" L0 = {original}", "--"),
+        (target, f" s·L0 = {target}", ":"),
+    ):
         ax_scale.axvline(value, color="0.3", ls=ls, lw=1)
         ax_scale.text(value, 0.98, text, transform=ax_scale.get_xaxis_transform(), va="top")
     ax_base.set_ylabel("relative upper bound of q·k")
