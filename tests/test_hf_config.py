@@ -158,6 +158,19 @@ def test_composite_config_reads_its_text_config():
     assert from_hf_config(config).base == 5e5
 
 
+def test_non_rotary_families_get_their_position_module(tf):
+    from posenc.hf.absolute import build_position_module
+
+    for config in (tf.GPT2Config(), tf.BloomConfig(), tf.T5Config(), tf.FalconConfig(alibi=True)):
+        ours = from_hf_config(config)
+        theirs = build_position_module(config.model_type, config.to_dict())
+        assert type(ours) is type(theirs), config.model_type
+        assert ours.state_dict().keys() == theirs.state_dict().keys()
+    assert isinstance(from_hf_config(tf.FalconConfig(alibi=False)), posenc.RotaryEmbedding)
+    with pytest.raises(ValueError, match="one position module for the model"):
+        layer_plan(tf.BloomConfig())
+
+
 def test_v4_and_v5_forms_agree(tf):
     v5 = tf.LlamaConfig(
         hidden_size=256, num_attention_heads=4, rope_parameters={**SCOUT_ROPE, "rope_theta": 5e5}
@@ -230,4 +243,5 @@ def test_list_models_prints_the_table(capsys):
 
     assert main(["list", "--models"]) == 0
     out = capsys.readouterr().out
-    assert "cohere2" in out and "sliding_rope" in out and "mrope" in out
+    for expected in ("cohere2", "sliding_rope", "mrope", "alibi", "t5 buckets", "gpt2"):
+        assert expected in out

@@ -66,6 +66,8 @@ def markdown_table() -> str:
 
 def model_table() -> Table:
     """The family table of ``posenc.hf`` (``model_type`` and its positions), for ``--models``."""
+    from posenc.hf.absolute import ABSOLUTE_FAMILIES
+    from posenc.hf.biases import ALIBI_FAMILIES, T5_FAMILIES
     from posenc.hf.families import FAMILIES
 
     table = Table(
@@ -76,8 +78,16 @@ def model_table() -> Table:
     )
     table.add_column("model_type", no_wrap=True, style="bold")
     table.add_column("scheme, or pair layout and rules", ratio=1)
-    for model_type, entry in sorted(FAMILIES.items()):
-        table.add_row(model_type, entry.summary)
+    rows = {model_type: entry.summary for model_type, entry in FAMILIES.items()}
+    for model_type, spec in ABSOLUTE_FAMILIES.items():
+        notes = [spec.layout] if spec.kind == "sinusoidal" else []
+        notes += [f"offset {spec.offset}"] if spec.offset else []
+        rows[model_type] = f"absolute {spec.kind}" + (f" ({', '.join(notes)})" if notes else "")
+    rows.update({model_type: "alibi" for model_type in ALIBI_FAMILIES if model_type != "falcon"})
+    rows["falcon"] = f"{rows['falcon']}, or alibi"
+    rows.update({model_type: "t5 buckets" for model_type in T5_FAMILIES})
+    for model_type, summary in sorted(rows.items()):
+        table.add_row(model_type, summary)
     return table
 
 

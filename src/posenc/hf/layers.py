@@ -24,8 +24,14 @@ from typing import Any
 from posenc._checks import check_int
 from posenc.base import PositionalEncoding
 from posenc.encodings.nope import NoPE
-from posenc.hf.config import SUB_CONFIGS as _SUB_CONFIGS
-from posenc.hf.config import as_config_dict, config_family, layer_types_of, parse_hf_rope_config
+from posenc.hf.absolute import build_position_module
+from posenc.hf.config import (
+    SUB_CONFIGS,
+    as_config_dict,
+    config_family,
+    layer_types_of,
+    parse_hf_rope_config,
+)
 from posenc.hf.families import Family
 
 __all__ = ["from_hf_config", "layer_plan"]
@@ -105,6 +111,15 @@ def _resolve_layer(
     return layer_type
 
 
+def _position_module(config: object, layer_idx: int | None) -> PositionalEncoding | None:
+    """The ALiBi / T5 / absolute-table module of a non-rotary family (``posenc.hf.absolute``)."""
+    cfg = as_config_dict(config)
+    model_type = cfg.get("model_type")
+    if not isinstance(model_type, str):
+        return None
+    return build_position_module(model_type, cfg, layer_idx=layer_idx)
+
+
 def from_hf_config(
     config: object, *, layer_type: str | None = None, layer_idx: int | None = None
 ) -> PositionalEncoding:
@@ -119,7 +134,8 @@ def from_hf_config(
 
     Returns:
         A ``RotaryEmbedding`` (transformers' length policy, the family's layout), a
-        ``NoPE``, or the scheme's encoding (``posenc.hf.schemes``).
+        ``NoPE``, the scheme's encoding (``posenc.hf.schemes``), or for the ALiBi, T5 and
+        absolute-table families their module (``posenc.hf.absolute.build_position_module``).
 
     Raises:
         ValueError: unknown ``model_type`` or ``rope_type``, a position field the family
@@ -127,6 +143,9 @@ def from_hf_config(
             per-layer differences without ``layer_idx``.
         TypeError: ``config`` of another type.
     """
+    module = _position_module(config, layer_idx)
+    if module is not None:
+        return module
     cfg, fam = config_family(config)
     if fam.scheme is not None:
         return _scheme(fam.scheme, cfg, layer_type, layer_idx)
@@ -167,9 +186,15 @@ def layer_plan(config: object) -> list[PositionalEncoding]:
         ValueError, TypeError: see ``from_hf_config``; a config without
             ``num_hidden_layers`` or ``layer_types``.
     """
+    if _position_module(config, None) is not None:
+        model_type = as_config_dict(config)["model_type"]
+        raise ValueError(
+            f"model_type {model_type!r} has one position module for the model, not a RoPE "
+            "per layer: use posenc.from_hf_config(config, layer_idx=...)"
+        )
     cfg, fam = config_family(config)
     counted = cfg  # a scheme's composite config counts the layers of its text part
-    for key in _SUB_CONFIGS:
+    for key in SUB_CONFIGS:
         if "num_hidden_layers" not in counted and cfg.get(key) is not None:
             counted = as_config_dict(cfg[key])
     source = cfg if fam.scheme is None else config
