@@ -186,6 +186,26 @@ def test_v4_and_v5_forms_agree(tf):
     assert (a.base, a.scaling, a.rotary_dim) == (b.base, b.scaling, b.rotary_dim)
 
 
+def test_dynamic_ntk_follows_each_call_like_transformers(tf, gen):
+    from transformers.models.llama import modeling_llama
+
+    rope = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}
+    config = tf.LlamaConfig(
+        hidden_size=64, num_attention_heads=2, max_position_embeddings=64, rope_parameters=rope
+    )
+    theirs = modeling_llama.LlamaRotaryEmbedding(config)
+    ours = from_hf_config(config)
+    for length in (32, 100, 80, 200, 20):  # grows, stays, grows, back to the original
+        q = torch.randn(1, 2, length, 32, generator=gen)
+        positions = torch.arange(length).unsqueeze(0)
+        cos, sin = theirs(q, positions)
+        q_hf, _ = modeling_llama.apply_rotary_pos_emb(q, q, cos, sin)
+        q_ours, _ = ours.rotate(q, q, positions, positions)
+        torch.testing.assert_close(ours.inv_freq.float(), theirs.inv_freq, **inv_freq_tol(1e4))
+        bound = EPS32 * (8 + length * (1 + math.log(1e4)))
+        torch.testing.assert_close(q_ours, q_hf, rtol=0, atol=bound * float(q.abs().max()))
+
+
 def test_hf_entry_points_default_to_transformers_length_policy():
     config = {"model_type": "llama", "head_dim": 64}
     assert from_hf_config(config).length_policy == "transformers"
