@@ -41,7 +41,7 @@ from posenc.encodings.rotary.module import LENGTH_POLICIES, RotaryEmbedding
 from posenc.hf.config import as_config_dict, config_family, rope_from_hf_config
 from posenc.hf.patch_cache import CacheTracker
 
-__all__ = ["PatchedRotary", "patch", "unpatch"]
+__all__ = ["PatchedRotary", "patch", "patch_encodings", "unpatch"]
 
 _STATE = "_posenc_patch"
 _ROTATE = "apply_rotary_pos_emb"
@@ -177,9 +177,23 @@ def _with_scaling(
     return cfg
 
 
-def _encodings(
-    config: object, scaling: Mapping[str, Any] | None, policy: str
+def patch_encodings(
+    config: object, *, scaling: Mapping[str, Any] | None = None, length_policy: str = "monotone"
 ) -> tuple[dict[str | None, RotaryEmbedding], str, dict[str, Any]]:
+    """The rotary tables ``patch`` would install, without a model (to check a scaling).
+
+    Args:
+        config: a ``config.json`` dict or a ``PretrainedConfig``.
+        scaling: as for ``patch``.
+        length_policy: ``"monotone"`` or ``"transformers"``.
+
+    Returns:
+        ``({layer_type or None: RotaryEmbedding}, model_type, config dict with the scaling)``.
+
+    Raises:
+        ValueError: an unsupported family, or a scaling it cannot take (both named).
+        TypeError: ``scaling`` not a dict.
+    """
     cfg, fam = config_family(config)
     model_type = str(cfg.get("model_type"))
     if fam.scheme is not None or fam.layers is not None:
@@ -191,7 +205,7 @@ def _encodings(
     cfg = _with_scaling(cfg, types_, scaling)
     try:
         encodings = {
-            t: rope_from_hf_config(cfg, layer_type=t, length_policy=policy) for t in types_
+            t: rope_from_hf_config(cfg, layer_type=t, length_policy=length_policy) for t in types_
         }
     except ValueError as exc:
         raise ValueError(f"model_type {model_type!r}: {exc}") from exc
@@ -236,7 +250,9 @@ def patch(
     config = (
         model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     )
-    encodings, model_type, cfg = _encodings(as_config_dict(config), scaling, policy)
+    encodings, model_type, cfg = patch_encodings(
+        as_config_dict(config), scaling=scaling, length_policy=policy
+    )
     parent = _find_rotary(model, model_type)
     attentions = [m for m in model.modules() if _rotating(m)]
     if not attentions:

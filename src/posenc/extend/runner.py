@@ -1,0 +1,225 @@
+"""``run_extend``: every setting at every length on a local checkpoint, resumable.
+
+Layout of ``--out`` (the lab's, ``posenc.lab.results``: atomic writes, identity check)::
+
+    config.json            the run's identity (checkpoint config hash, every setting)
+    cells/<setting>-<T>.json   one finished (setting, length): window NLLs, passkey trials
+    results.json, report.md, extend.png
+
+Every input is checked before anything is written (a folder without ``config.json``, an
+unsupported family, a scaling the family cannot take, a length beyond the held-out text
+or beyond memory), so a bad call leaves no file. An interrupted run (Ctrl-C) writes the
+results of the cells that finished and the next run with the same options resumes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from posenc.extend import report
+from posenc.extend.checkpoint import (
+    available_memory,
+    check_settings,
+    checkpoint_config,
+    load_checkpoint,
+    needed_memory,
+)
+from posenc.extend.config import ExtendConfig, config_hash
+from posenc.extend.evaluate import passkey, passkey_prompt, window_nll
+from posenc.hf.patch import patch, unpatch
+from posenc.lab.corpus import load_corpus
+from posenc.lab.results import check_identity, environment, remove_stale, write_json, write_text
+
+__all__ = ["run_extend"]
+
+_GIB = 1 << 30
+
+
+def _device(name: str) -> torch.device:
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available here")
+    if name not in ("cpu", "cuda"):
+        raise ValueError(f"--device must be cpu or cuda, got {name!r}")
+    return torch.device(name)
+
+
+def _check_memory(raw: dict, config: ExtendConfig, device: torch.device) -> None:
+    folder = Path(config.model_dir)
+    weights = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
+    weights += sum(p.stat().st_size for p in folder.glob("*.bin"))
+    free = available_memory(device)
+    for n in config.eval_lens:
+        need = weights + needed_memory(raw, n, config.chunk, config.dtype)
+        if need > free:
+            raise ValueError(
+                f"evaluation length {n} needs about {need / _GIB:.1f} GiB (weights, KV cache, "
+                f"one chunk of {config.chunk}), but {free / _GIB:.1f} GiB is free on "
+                f"{device.type}; use shorter --eval-lens or a smaller --chunk"
+            )
+
+
+def _text_tokens(corpus, tokenizer) -> torch.Tensor:
+    text = bytes(corpus.heldout.tolist()).decode("utf-8", errors="replace")
+    return torch.tensor(tokenizer(text, add_special_tokens=False).input_ids, dtype=torch.long)
+
+
+def _windows(tokens: torch.Tensor, length: int, count: int) -> list[torch.Tensor]:
+    """Up to ``count`` non-overlapping windows of ``length`` tokens, spread evenly."""
+    fit = min(count, tokens.numel() // length)
+    if fit == 0:
+        raise ValueError(
+            f"the held-out text has {tokens.numel()} tokens, fewer than evaluation length "
+            f"{length}; use a larger --corpus or shorter --eval-lens"
+        )
+    spacing = (tokens.numel() - length) // max(fit - 1, 1)
+    return [tokens[i * spacing : i * spacing + length] for i in range(fit)]
+
+
+def _cell_path(out: Path, label: str, length: int) -> Path:
+    return out / "cells" / f"{label.replace(' ', '-')}-{length}.json"
+
+
+def _finished(out: Path, identity: str) -> dict[tuple[str, int], dict]:
+    done = {}
+    for path in sorted((out / "cells").glob("*.json")):
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            continue  # written atomically: only a foreign file is unreadable; redo the cell
+        if isinstance(record, dict) and record.get("identity") == identity:
+            done[record["setting"], record["length"]] = record
+    return done
+
+
+def _passkey_fits(tokenizer, length: int) -> bool:
+    try:
+        passkey_prompt(tokenizer, length, 0.5, "12345")
+    except ValueError:
+        return False
+    return True
+
+
+def _results(config, model_info, data, settings, cells, status, identity, notes) -> dict:
+    table: dict[str, dict[str, dict]] = {}
+    for (label, length), record in cells.items():
+        table.setdefault(label, {})[str(length)] = record
+    return {
+        "status": status,
+        "identity": identity,
+        "config": config.to_dict(),
+        "model": model_info,
+        "data": data,
+        "environment": environment(
+            threads=torch.get_num_threads(), world=1, device=torch.device(config.device)
+        ),
+        "settings": [s.label for s in settings],
+        "scalings": {s.label: s.scaling for s in settings},
+        "cells": table,
+        "notes": notes,
+    }
+
+
+def _publish(out: Path, results: dict) -> None:
+    write_json(out / "results.json", results)
+    report.draw(results, out)
+    write_text(out / "report.md", report.markdown(results))
+
+
+def run_extend(
+    config: ExtendConfig, out: Path, *, console: Console | None = None, progress: bool = True
+) -> dict:
+    """Measure perplexity and passkey retrieval per setting and length; returns the results.
+
+    Raises:
+        ValueError: see the module docstring (nothing is written then).
+        KeyboardInterrupt: after writing the results of the finished cells.
+    """
+    console = console or Console(stderr=True)
+    raw, trained = checkpoint_config(config.model_dir)
+    settings = config.settings(trained)
+    model_type = check_settings(raw, settings)
+    device = _device(config.device)
+    _check_memory(raw, config, device)
+    corpus = load_corpus(config.corpus)
+    model, tokenizer = load_checkpoint(config.model_dir, device=device, dtype=config.dtype)
+    tokens = _text_tokens(corpus, tokenizer)
+    windows = {n: _windows(tokens, n, config.windows) for n in config.eval_lens}
+    keyed = {n: _passkey_fits(tokenizer, n) for n in config.eval_lens}
+    identity_fields = {"model_config_sha256": config_hash(raw), **config.to_dict()}
+    identity_fields["corpus_sha256"] = corpus.sha256
+    identity_fields = json.loads(json.dumps(identity_fields))  # as config.json holds it
+    identity = config_hash(identity_fields)
+    notes = [f"passkey: {n} tokens are too few for the prompt" for n, ok in keyed.items() if not ok]
+    model_info = {
+        "name": Path(config.model_dir).resolve().name,
+        "model_type": model_type,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "trained_length": trained,
+        "config_sha256": config_hash(raw),
+        "attention": getattr(model.config, "_attn_implementation", None),
+    }
+    data = {"source": corpus.source, "sha256": corpus.sha256, "tokens": int(tokens.numel())}
+    out.mkdir(parents=True, exist_ok=True)
+    remove_stale(out)
+    for stale in (out / "cells").glob(".*.tmp*"):
+        stale.unlink(missing_ok=True)
+    check_identity(out, identity_fields)
+    cells = _finished(out, identity)
+    todo = [(s, n) for s in settings for n in config.eval_lens if (s.label, n) not in cells]
+    if cells:
+        console.print(f"resuming: {len(cells)} cell(s) already finished in {out}")
+    status = "failed"
+    try:
+        with Progress(
+            TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(),
+            TimeElapsedColumn(), console=console, disable=not progress,
+        ) as bar:  # fmt: skip
+            task = bar.add_task("posenc extend", total=len(todo))
+            for setting in settings:
+                mine = [n for s, n in todo if s is setting]
+                if not mine:
+                    continue
+                if setting.scaling is not None:
+                    patch(model, scaling=setting.scaling)
+                try:
+                    for n in mine:
+                        bar.update(task, description=f"{setting.label} @ {n}")
+                        start = time.perf_counter()
+                        nll = [window_nll(model, w, chunk=config.chunk) for w in windows[n]]
+                        trials = [
+                            passkey(model, tokenizer, n, d, seed=config.seed, chunk=config.chunk)
+                            for d in (config.passkey_depths if keyed[n] else ())
+                        ]
+                        record = {
+                            "identity": identity,
+                            "setting": setting.label,
+                            "length": n,
+                            "window_nll": [float(x.mean()) for x in nll],
+                            "mean_nll": float(torch.cat(nll).mean()),
+                            "passkey": trials,
+                            "seconds": time.perf_counter() - start,
+                        }
+                        if not math.isfinite(record["mean_nll"]):
+                            notes.append(f"{setting.label} @ {n}: non-finite loss")
+                        write_json(_cell_path(out, setting.label, n), record)
+                        cells[setting.label, n] = record
+                        bar.advance(task)
+                finally:
+                    if setting.scaling is not None:
+                        unpatch(model)
+        status = "complete"
+    except KeyboardInterrupt:
+        status = "interrupted"
+        raise
+    finally:
+        results = _results(config, model_info, data, settings, cells, status, identity, notes)
+        _publish(out, results)
+    report.print_table(results, console)
+    return results

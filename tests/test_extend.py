@@ -1,0 +1,182 @@
+"""posenc extend end to end on a tiny saved checkpoint with a byte-level tokenizer (nothing
+downloaded): its numbers against a plain full forward, the report, resume after an
+interruption, and bad inputs (one line, exit 2, nothing written)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from posenc.cli import main  # noqa: E402
+from posenc.extend import byte_tokenizer  # noqa: E402
+from posenc.extend import evaluate as extend_evaluate  # noqa: E402
+from posenc.extend.config import config_hash  # noqa: E402
+
+TRAINED = 32
+ARGS = ["--eval-lens", "24", "64", "--scalings", "linear", "yarn", "--factors", "2",
+        "--windows", "2", "--depths", "--chunk", "32", "--no-progress"]  # fmt: skip
+
+
+def _tiny_config(**extra):
+    options = dict(
+        vocab_size=256, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=TRAINED,
+        bos_token_id=None, eos_token_id=None, pad_token_id=None,
+    )  # fmt: skip
+    return transformers.LlamaConfig(**{**options, **extra})
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(_tiny_config()).save_pretrained(folder)
+    byte_tokenizer().save_pretrained(folder)
+    return folder
+
+
+def _windows(results, length):
+    """The held-out windows the run scored at ``length`` (as ``run_extend`` cuts them)."""
+    from posenc.extend.runner import _text_tokens, _windows
+    from posenc.lab.corpus import load_corpus
+
+    tokens = _text_tokens(load_corpus(None), byte_tokenizer())
+    return _windows(tokens, length, results["config"]["windows"])
+
+
+def _full_nll(model, window):
+    with torch.no_grad():
+        logits = model(window[None]).logits[0]
+    return torch.nn.functional.cross_entropy(logits[:-1], window[1:]).item()
+
+
+def test_extend_end_to_end_matches_a_full_forward(checkpoint, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["extend", str(checkpoint), *ARGS, "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    config = json.loads((checkpoint / "config.json").read_text())
+    assert results["status"] == "complete"
+    assert results["model"]["config_sha256"] == config_hash(config)
+    assert results["settings"] == ["original", "linear x2", "yarn x2"]
+    assert results["scalings"]["yarn x2"]["original_max_position_embeddings"] == TRAINED
+    # chunked reading through the KV cache (chunk 32) equals one full forward, for the
+    # original model and for linear x2 against the model built with it in its config
+    original = transformers.LlamaForCausalLM.from_pretrained(checkpoint).eval()
+    config["rope_parameters"] = {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}
+    linear = transformers.LlamaForCausalLM.from_pretrained(
+        checkpoint, config=transformers.LlamaConfig(**config)
+    ).eval()
+    for length in (24, 64):
+        windows = _windows(results, length)
+        for label, model in (("original", original), ("linear x2", linear)):
+            cell = results["cells"][label][str(length)]
+            expected = [_full_nll(model, w) for w in windows]
+            assert cell["window_nll"] == pytest.approx(expected, rel=1e-5)
+    report = (out / "report.md").read_text()
+    for length in (24, 64):
+        assert f"- At {length}: " in report
+    assert all(label in report for label in results["settings"])
+    assert (out / "extend.png").stat().st_size > 0
+    assert "original" in capsys.readouterr().err  # the rich table
+
+
+def test_extend_resumes_after_an_interruption(checkpoint, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    calls = {"n": 0}
+    real = extend_evaluate.window_nll
+
+    def interrupted(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    args = ["--eval-lens", "24", "64", "--scalings", "linear", "--factors", "2",
+            "--windows", "1", "--depths", "--chunk", "32", "--no-progress"]  # fmt: skip
+    monkeypatch.setattr("posenc.extend.runner.window_nll", interrupted)
+    assert main(["extend", str(checkpoint), *args, "--out", str(out)]) == 130
+    partial = json.loads((out / "results.json").read_text())
+    assert partial["status"] == "interrupted"
+    finished = {(s, n) for s, row in partial["cells"].items() for n in row}
+    assert finished == {("original", "24"), ("original", "64")}
+    kept = (out / "cells" / "original-24.json").stat().st_mtime_ns
+    monkeypatch.setattr("posenc.extend.runner.window_nll", real)
+    assert main(["extend", str(checkpoint), *args, "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["status"] == "complete"
+    assert (out / "cells" / "original-24.json").stat().st_mtime_ns == kept
+    assert results["cells"]["original"]["24"] == partial["cells"]["original"]["24"]
+    assert len(list((out / "cells").glob("*.json"))) == 4
+    other = ["--eval-lens", "24", "--no-progress", "--out", str(out)]
+    assert main(["extend", str(checkpoint), *other]) == 2  # another configuration
+
+
+def _bad(tmp_path, capsys, folder, *args):
+    out = tmp_path / "bad-out"
+    status = main(["extend", str(folder), "--out", str(out), "--no-progress", *args])
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and len(err.splitlines()) == 1 and err.startswith("posenc: error: ")
+    assert not out.exists()
+    return err
+
+
+def test_extend_bad_inputs_name_the_problem_and_write_nothing(checkpoint, tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert "no config.json" in _bad(tmp_path, capsys, empty)
+    gpt2 = tmp_path / "gpt2"
+    transformers.GPT2Config(n_layer=1, n_embd=8, n_head=2).save_pretrained(gpt2)
+    assert "gpt2" in _bad(tmp_path, capsys, gpt2, "--eval-lens", "8")
+    assert "gpt2" in _bad(tmp_path, capsys, gpt2)  # the default lengths need L0 first
+    narrow = tmp_path / "narrow"  # head_dim 2: one rotated pair, which NTK cannot stretch
+    _tiny_config(hidden_size=4, num_attention_heads=2, num_key_value_heads=2).save_pretrained(
+        narrow
+    )
+    err = _bad(tmp_path, capsys, narrow, "--scalings", "ntk", "--eval-lens", "8")
+    assert "ntk x2" in err and "rotary dim >= 4" in err
+    err = _bad(tmp_path, capsys, checkpoint, "--scalings", "longrope", "--eval-lens", "8")
+    assert "'longrope'" in err
+    err = _bad(tmp_path, capsys, checkpoint, "--eval-lens", str(10**12))
+    assert f"evaluation length {10**12} needs about" in err and "GiB" in err
+    small = tmp_path / "small.txt"
+    small.write_text("only a few bytes of text\n")
+    err = _bad(tmp_path, capsys, checkpoint, "--corpus", str(small), "--eval-lens", "4096")
+    assert "fewer than evaluation length 4096" in err
+    assert "--factors" in _bad(tmp_path, capsys, checkpoint, "--factors", "two")
+    assert "factor must be >= 1" in _bad(tmp_path, capsys, checkpoint, "--factors", "0.5")
+
+
+def test_passkey_prompt_has_the_length_and_the_key_at_its_depth():
+    tokenizer = byte_tokenizer()
+    for depth in (0.0, 0.5, 1.0):
+        ids = extend_evaluate.passkey_prompt(tokenizer, 600, depth, "12345")
+        text = tokenizer.decode(ids)
+        assert len(ids) == 600 and text.count("12345") == 2
+        where = text.index("The pass key is 12345")
+        intro, question = text.index("\n") + 1, text.rindex("\nWhat is")
+        filler = (
+            question - intro - len("The pass key is 12345. Remember it. 12345 is the pass key. ")
+        )
+        assert math.isclose(where - intro, depth * filler, abs_tol=1)
+    with pytest.raises(ValueError, match="at least"):
+        extend_evaluate.passkey_prompt(tokenizer, 50, 0.5, "12345")
+
+
+def test_passkey_trial_decodes_greedily_after_the_prompt(checkpoint):
+    model = transformers.LlamaForCausalLM.from_pretrained(checkpoint).eval()
+    tokenizer = byte_tokenizer()
+    trial = extend_evaluate.passkey(model, tokenizer, 300, 0.5, seed=3, chunk=128)
+    again = extend_evaluate.passkey(model, tokenizer, 300, 0.5, seed=3, chunk=300)
+    assert trial == again  # chunking the prompt does not change the greedy answer
+    assert len(trial["key"]) == 5 and trial["key"].isdigit()
+    ids = torch.tensor(extend_evaluate.passkey_prompt(tokenizer, 300, 0.5, trial["key"]))
+    with torch.no_grad():
+        first = int(model(ids[None]).logits[0, -1].argmax())
+    assert trial["answer"].encode()[:1] == bytes([first])  # the full forward's next byte
+    digits = "".join(c for c in trial["answer"] if c.isdigit())
+    assert trial["ok"] == digits.startswith(trial["key"])
