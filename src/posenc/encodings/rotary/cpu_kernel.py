@@ -51,12 +51,11 @@ def build(*, compiler: str = "g++") -> Path:
     Raises:
         RuntimeError: the compiler is missing or reports an error (its output included).
     """
-    from torch.utils import cpp_extension
-
     target = library_path()
-    includes = [f"-I{p}" for p in cpp_extension.include_paths()]
-    lib_dirs = cpp_extension.library_paths()
-    links = [f"-L{p}" for p in lib_dirs] + [f"-Wl,-rpath,{p}" for p in lib_dirs]
+    torch_root = Path(torch.__file__).parent  # the wheel ships headers and libraries
+    lib_dir = torch_root / "lib"
+    includes = [f"-I{torch_root / 'include'}"]
+    links = [f"-L{lib_dir}", f"-Wl,-rpath,{lib_dir}"]
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     command = [compiler, "-O3", "-std=c++17", "-shared", "-fPIC", "-fopenmp", *includes]
