@@ -210,3 +210,28 @@ def test_positions_skipping_padding_rejects_bad_masks():
         positions_skipping_padding(torch.ones(3))
     with pytest.raises(ValueError, match="-1"):
         positions_skipping_padding(torch.ones(1, 3), past=-1)
+
+
+@pytest.mark.parametrize(
+    ("config_name", "kwargs", "kind"),
+    [
+        ("BloomConfig", {"n_head": 6}, posenc.ALiBi),
+        ("FalconConfig", {"num_attention_heads": 4, "alibi": True}, posenc.ALiBi),
+        ("T5Config", {"num_heads": 4, "is_decoder": True}, posenc.T5RelativeBias),
+        (
+            "OPTConfig",
+            {"hidden_size": 16, "max_position_embeddings": 32},
+            posenc.LearnedPositionalEncoding,
+        ),
+        ("M2M100Config", {"d_model": 16}, SinusoidalLayout),
+    ],
+)
+def test_from_hf_config_returns_these_modules(config_name, kwargs, kind):
+    transformers = pytest.importorskip("transformers")
+    config = getattr(transformers, config_name)(**kwargs)
+    enc = posenc.from_hf_config(config)
+    assert isinstance(enc, kind)
+    if isinstance(enc, posenc.T5RelativeBias):
+        assert not enc.bidirectional  # the decoder stack's config
+    if isinstance(enc, posenc.ALiBi):
+        assert "explicit" in repr(enc)

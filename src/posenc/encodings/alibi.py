@@ -151,6 +151,7 @@ class ALiBi(PositionalEncoding):
     """
 
     sites = Site.SCORE
+    offset_only = True
 
     def __init__(
         self,
@@ -164,6 +165,7 @@ class ALiBi(PositionalEncoding):
         self.num_heads = check_int("num_heads", num_heads)
         self.causal = check_bool("causal", causal)
         self.max_bias = check_float("max_bias", max_bias, positive=True)
+        self.explicit_slopes = slopes is not None
         if slopes is None:
             slopes = alibi_slopes(self.num_heads, max_bias=self.max_bias, dtype=torch.float64)
         self._base = _explicit_slopes(slopes, self.num_heads)
@@ -193,4 +195,5 @@ class ALiBi(PositionalEncoding):
         return offset_score_mod(_alibi_fn(self.slopes(device), self.causal))
 
     def extra_repr(self) -> str:
-        return f"num_heads={self.num_heads}, causal={self.causal}, max_bias={self.max_bias}"
+        slopes = "explicit" if self.explicit_slopes else f"max_bias={self.max_bias}"
+        return f"num_heads={self.num_heads}, causal={self.causal}, slopes: {slopes}"

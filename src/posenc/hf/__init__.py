@@ -1,5 +1,6 @@
 """Hugging Face interop: posenc encodings from transformers configs and checkpoints."""
 
+from posenc.hf.absolute import build_position_module, load_hf_weights, positions_skipping_padding
 from posenc.hf.config import HFRopeConfig, parse_hf_rope_config, rope_from_hf_config
 from posenc.hf.families import FAMILIES, Family, family
 from posenc.hf.layers import from_hf_config, layer_plan
@@ -10,11 +11,14 @@ __all__ = [
     "Family",
     "HFRopeConfig",
     "PatchedRotary",
+    "build_position_module",
     "family",
     "from_hf_config",
     "layer_plan",
+    "load_hf_weights",
     "parse_hf_rope_config",
     "patch",
+    "positions_skipping_padding",
     "rope_from_hf_config",
     "unpatch",
 ]
