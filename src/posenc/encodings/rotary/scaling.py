@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from posenc._checks import check_even, check_float
+from posenc._checks import check_even, check_float, check_float_dtype
 
 __all__ = [
     "DEFAULT_BASE",
@@ -285,6 +285,7 @@ def rope_inv_freq(
     Raises:
         ValueError: see ``resolve_scaling`` and ``scaling_from_dict``.
     """
+    dtype = check_float_dtype("dtype", dtype)
     params, base, rotary_dim = resolve_scaling(scaling, head_dim=head_dim, base=base)
     inv_freq, scale = params.inv_freq(rotary_dim, base, seq_len=seq_len)
     return inv_freq.to(dtype), float(scale)
