@@ -216,3 +216,18 @@ def test_every_encoding_has_its_own_colour_and_marker():
     assert len(set(looks)) == len(looks)  # every row of the default sweep is distinct
     assert style("rope +yarn") == style("rope +yarn")
     assert style("my-encoding") == style("my-encoding")
+
+
+# ----------------------------------------------------------------------------- bench
+
+
+def test_bench_lab_measures_every_default_encoding():
+    from posenc.bench.lab import lab_groups
+    from posenc.lab.config import DEFAULT_ENCODINGS
+
+    groups = lab_groups(quick=True, repeats=1, warmup=0)
+    assert [g.suite for g in groups] == ["lab", "lab"]
+    for group in groups:
+        assert list(group.stats) == list(DEFAULT_ENCODINGS) and group.floor == "nope"
+        rates = group.info["tokens_per_second"]
+        assert set(rates) == set(DEFAULT_ENCODINGS) and all(r > 0 for r in rates.values())

@@ -4,9 +4,10 @@ Suites: ``rope`` (``apply_rope`` against the copy floor and the popular
 implementations), ``additive`` (sinusoidal and learned ``x + PE``, table construction)
 and ``bias`` (each attention-bias encoding against bias-free SDPA, and peak memory
 against the materialized bias; blocked and materialized bias attention against causal
-SDPA, ``posenc.bench.bias_attention``). Every number is a median (and a maximum) of
-round-robin repeats, and every comparison a ratio within one run; see
-``posenc.bench.timing``. ``load`` runs busy processes beside the benchmark.
+SDPA, ``posenc.bench.bias_attention``) and ``lab`` (``posenc.bench.lab``: the lab
+model's training step and evaluation forward per encoding, in tokens per second). Every
+number is a median (and a maximum) of round-robin repeats, and every comparison a ratio
+within one run; see ``posenc.bench.timing``. ``load`` runs busy processes beside the benchmark.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 from posenc.bench import bias_attention
 from posenc.bench.additive import additive_groups
 from posenc.bench.bias import QUICK_LENGTHS, bias_groups, bias_memory
+from posenc.bench.lab import lab_groups
 from posenc.bench.load import busy_processes
 from posenc.bench.report import Target, rope_targets
 from posenc.bench.rope import rope_groups
@@ -27,8 +29,13 @@ from posenc.encodings.rotary import cpu_kernel
 
 __all__ = ["SUITES", "Results", "run_benchmarks"]
 
-SUITES = ("rope", "additive", "bias")
-_RUNNERS = {"rope": rope_groups, "additive": additive_groups, "bias": bias_groups}
+SUITES = ("rope", "additive", "bias", "lab")
+_RUNNERS = {
+    "rope": rope_groups,
+    "additive": additive_groups,
+    "bias": bias_groups,
+    "lab": lab_groups,
+}
 
 
 COMPILE_NOTE = "no torch.compile step; RoPE on CPU tensors runs posenc's own kernel (see rope_cpu)"
