@@ -171,3 +171,15 @@ def test_every_option_has_help_and_a_meaningful_metavar():
             assert action.metavar and action.metavar != action.dest.upper(), action.dest
     lr = next(a for a in sub.choices["lab"]._actions if a.dest == "lr")
     assert lr.metavar == "RATE"
+
+
+def test_worker_processes_give_the_numbers_of_one_process(tmp_path, capsys):
+    """--jobs 2 trains the runs in two spawned processes; with one thread each, every
+    number equals the one-process sweep's."""
+    options = ["--encodings", "alibi", "--seeds", "2"]
+    assert lab(tmp_path / "one", *options, "--jobs", "1") == 0
+    assert lab(tmp_path / "two", *options, "--jobs", "2") == 0
+    one, two = results(tmp_path / "one")["runs"], results(tmp_path / "two")["runs"]
+    assert [r["seed"] for r in two] == [0, 1]
+    assert [r["rows"] for r in one] == [r["rows"] for r in two]
+    assert (tmp_path / "two" / "runs" / "alibi-s1.pt").exists()

@@ -74,7 +74,7 @@ def lab_groups(*, quick: bool, repeats: int, warmup: int) -> list[Group]:
     train = {n: _train_step(n, config, batch) for n in DEFAULT_ENCODINGS}
     title = f"lab training step [{batch}, {config.train_len}], d_model {config.d_model}"
     groups = [_group(title, train, batch * config.train_len, repeats=repeats, warmup=warmup)]
-    windows = max(1, 16384 // length)
+    windows = 8 if quick else max(1, 16384 // length)
     forward = {n: _eval_forward(n, config, windows, length) for n in DEFAULT_ENCODINGS}
     title = f"lab evaluation forward [{windows}, {length}]"
     groups.append(_group(title, forward, windows * length, repeats=repeats, warmup=warmup))

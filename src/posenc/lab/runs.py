@@ -118,7 +118,7 @@ class Runner:
             "identity": self.identity,
             "environment": run_environment(context),
         }
-        start = time.perf_counter()
+        start = time.perf_counter(), time.process_time()
         torch.manual_seed(seed)
         try:
             model = TinyLM(
@@ -139,7 +139,7 @@ class Runner:
             return {**record, "status": "error", "error": message, "rows": []}
 
     def _evaluate_trained(
-        self, name: str, seed: int, model: TinyLM, record: dict, start: float
+        self, name: str, seed: int, model: TinyLM, record: dict, start: tuple[float, float]
     ) -> dict:
         config = self.config
         result = self._train(
@@ -182,7 +182,11 @@ class Runner:
             at_train = base["results"][str(config.train_len)]
             record["learned"] = at_train is not None and at_train["accuracy"] >= LEARNED
         record.update(
-            status="ok", error=None, rows=rows, seconds=round(time.perf_counter() - start, 2)
+            status="ok",
+            error=None,
+            rows=rows,
+            seconds=round(time.perf_counter() - start[0], 2),
+            cpu_seconds=round(time.process_time() - start[1], 2),  # this process, all threads
         )
         return record
 
