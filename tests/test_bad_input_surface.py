@@ -189,10 +189,18 @@ def test_meta_tensors_give_shapes_or_posencs_error(name):
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if build_encoding(n).sites & posenc.Site.SCORE])
-def test_score_hooks_name_mismatched_q_and_k_dtypes(name):
+def test_score_hooks_with_q_and_k_of_different_dtypes(name):
+    """A bias read from q and k together (CoPE's gates) names the two dtypes; the others
+    follow q's dtype, as with matching k."""
     enc = build_encoding(name)
-    with pytest.raises(TypeError, match=r"torch\.float64.*torch\.float32"):
-        enc.score_bias(Q.double(), K, POS, POS)
+    if name == "cope":
+        with pytest.raises(TypeError, match=r"torch\.float64.*torch\.float32"):
+            enc.score_bias(Q.double(), K, POS, POS)
+        return
+    with torch.no_grad():
+        mixed = enc.score_bias(Q.double(), K, POS, POS)
+        same = enc.score_bias(Q.double(), K.double(), POS, POS)
+    torch.testing.assert_close(mixed, same, rtol=0, atol=0)
 
 
 def test_attention_layer_names_an_input_dtype_its_weights_do_not_have():
@@ -263,3 +271,12 @@ def test_rerotate_keys_from_a_zero_scale_is_refused():
     keys = K[:, :2]
     with pytest.raises(ValueError, match="attention_scale"):
         posenc.rerotate_keys(keys, POS, old=(INV_FREQ, 0.0), new=(INV_FREQ, 1.0))
+
+
+def test_frequency_arguments_that_are_not_vectors_are_named():
+    with pytest.raises(TypeError, match="inv_freq"):
+        posenc.rope_cos_sin(POS, [1.0, 0.1])
+    with pytest.raises(ValueError, match="inv_freq"):
+        posenc.rope_cos_sin(POS, INV_FREQ[None])
+    with pytest.raises(TypeError, match="old inv_freq"):
+        posenc.rerotate_keys(K, POS, old=([1.0] * (D // 2), 1.0), new=(INV_FREQ, 1.0))

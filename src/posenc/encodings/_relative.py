@@ -38,10 +38,12 @@ def check_hook_inputs(
     *,
     num_heads: int | None = None,
     module: nn.Module | None = None,
+    same_dtype: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """Validate ``q [B, H, Tq, D]``, ``k [B, H, Tk, D]`` and their positions.
 
     ``module``: the encoding, whose parameters (if any) must be on ``q``'s device.
+    ``same_dtype``: require one dtype for ``q`` and ``k`` (biases computed from both).
 
     Returns:
         ``(q_pos, k_pos)`` on ``q``'s device, each ``[T]`` or ``[B|1, T]``.
@@ -50,12 +52,12 @@ def check_hook_inputs(
         ValueError: wrong ranks, mismatched batch/heads/head_dim, positions whose length
             does not match (the message names the shapes), positions on the meta device,
             or ``module``'s parameters on another device.
-        TypeError: non-float or complex ``q``/``k``, ``q`` and ``k`` of different dtypes,
-            or bf16/fp16 positions.
+        TypeError: non-float or complex ``q``/``k``, ``q`` and ``k`` of different dtypes
+            with ``same_dtype``, or bf16/fp16 positions.
     """
     check_tensor("q", q, ndim=4, allow_meta=True)  # the bias's shape follows from q's
     check_tensor("k", k, ndim=4, allow_meta=True)
-    if q.dtype != k.dtype:
+    if same_dtype and q.dtype != k.dtype:
         raise TypeError(f"q and k must share a dtype, got q {q.dtype} and k {k.dtype}")
     if q.shape[0] != k.shape[0] or q.shape[1] != k.shape[1] or q.shape[3] != k.shape[3]:
         raise ValueError(

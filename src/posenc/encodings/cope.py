@@ -57,7 +57,7 @@ def cope_positions(q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, npos_max:
         ValueError: wrong ranks or shapes, ``npos_max < 1``.
     """
     npos_max = check_int("npos_max", npos_max)
-    q_pos, k_pos = check_hook_inputs(q, k, q_pos, k_pos)
+    q_pos, k_pos = check_hook_inputs(q, k, q_pos, k_pos, same_dtype=True)
     work = compute_dtype(q.dtype)
     logits = torch.matmul(q, k.transpose(-2, -1)).to(work) * q.shape[-1] ** -0.5
     visible = (q_pos.unsqueeze(-1) >= k_pos.unsqueeze(-2)).unsqueeze(-3)  # [B|1, 1, Tq, Tk]

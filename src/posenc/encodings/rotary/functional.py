@@ -67,6 +67,7 @@ def rope_cos_sin(
     """
     positions = check_positions(positions)
     dtype = check_float_dtype("dtype", dtype)
+    check_tensor("inv_freq", inv_freq, ndim=1)
     attention_scale = check_float("attention_scale", attention_scale)
     angle_dtype = _angle_dtype(positions.device)
     freqs = inv_freq.to(device=positions.device, dtype=angle_dtype)
@@ -112,6 +113,8 @@ def rerotate_keys(
     check_tensor("k", k, ndim=4)
     interleaved = check_bool("interleaved", interleaved)
     (old_freq, old_scale), (new_freq, new_scale) = old, new
+    check_tensor("old inv_freq", old_freq, ndim=1)
+    check_tensor("new inv_freq", new_freq, ndim=1)
     old_scale = check_float("old attention_scale", old_scale)
     if old_scale == 0.0:
         raise ValueError("old attention_scale must be nonzero: keys scaled by 0 cannot be restored")
