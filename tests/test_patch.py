@@ -114,6 +114,20 @@ def test_patched_model_gives_the_original_logits_and_tokens(family, tmp_path_fac
         torch.testing.assert_close(model(ids).logits, expected, rtol=0, atol=0)
 
 
+def test_left_padded_batch_generates_the_original_tokens(tmp_path_factory):
+    """Per-sequence positions ``[B, T]`` (left padding): cos/sin per row."""
+    model_cls, folder = _saved(tmp_path_factory, "llama")
+    model = _load(model_cls, folder)
+    ids = torch.randint(1, VOCAB, (2, PROMPT), generator=torch.Generator().manual_seed(6))
+    mask = torch.ones_like(ids)
+    ids[0, :3], mask[0, :3] = 0, 0
+    kwargs = dict(attention_mask=mask, max_new_tokens=NEW, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        tokens = model.generate(ids, **kwargs)
+        patch(model)
+        torch.testing.assert_close(model.generate(ids, **kwargs), tokens, rtol=0, atol=0)
+
+
 SCALINGS = [
     ("llama", {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}),
     ("llama", {"rope_type": "linear", "factor": 3.0}),

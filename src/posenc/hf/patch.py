@@ -28,6 +28,7 @@ stays consistent with the keys it attends to; ``"transformers"`` reproduces tran
 
 from __future__ import annotations
 
+import functools
 import inspect
 import types
 from collections.abc import Mapping
@@ -110,9 +111,7 @@ def _patched_forward(cls: type, interleaved: bool) -> types.FunctionType:
     """``cls.forward`` with ``apply_rotary_pos_emb`` bound to posenc's rotation."""
     fn = cls.forward
     namespace = dict(fn.__globals__)
-    namespace[_ROTATE] = lambda *args, **kwargs: _rotate_qk(
-        *args, interleaved=interleaved, **kwargs
-    )
+    namespace[_ROTATE] = functools.partial(_rotate_qk, interleaved=interleaved)
     new = types.FunctionType(fn.__code__, namespace, fn.__name__, fn.__defaults__, fn.__closure__)
     new.__kwdefaults__ = fn.__kwdefaults__
     new.__qualname__ = fn.__qualname__
