@@ -205,6 +205,14 @@ def test_paths_under_proc_and_error_line_forms(capsys, tmp_path):
     assert "'/proc/posenc-test" in err
     err = one_error_line(capsys, "show", "rope-rotation", "--out", "/proc/x.svg")
     assert "'/proc/x.svg'" in err
+    err = one_error_line(capsys, "show", "learned", "--table", "/proc/self/mem")
+    assert err.startswith("posenc: error: '/proc/self/mem': ")
+    assert one_error_line(capsys, "show", "learned", "--table", str(tmp_path)).endswith(
+        "is a directory\n"
+    )
+    (tmp_path / "file").write_text("x", encoding="utf-8")
+    err = one_error_line(capsys, "show", "--all", "--out", str(tmp_path / "file"))
+    assert err == f"posenc: error: {str(tmp_path / 'file')!r}: not a directory\n"
     renamed = OSError(errno.EXDEV, "Invalid cross-device link", "a", None, "b")
     assert error_line(renamed) == "posenc: error: 'a' -> 'b': invalid cross-device link"
     assert error_line(OSError(errno.ENOSPC, "x")) == "posenc: error: disk full"

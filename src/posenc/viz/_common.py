@@ -8,6 +8,7 @@ suffix). matplotlib is imported inside the functions, so ``import posenc.viz`` i
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import pickle
@@ -169,7 +170,8 @@ def absolute_table(
     if isinstance(source, (Tensor, np.ndarray)):
         return _as_table(source, "table"), "table"
     if not (isinstance(source, str) and source in available()):
-        if isinstance(source, str) and not Path(source).suffix:  # a bare unknown name
+        bare = isinstance(source, str) and not Path(source).suffix and "/" not in source
+        if bare and not Path(source).exists():  # an unknown name, not a file
             encodings_at(Site.INPUT, [source])
         table = load_table(source, key=key)
         return table, Path(source).name
@@ -199,6 +201,8 @@ def load_table(path: str | Path, *, key: str | None = None) -> np.ndarray:
             tables.
     """
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "is a directory", str(path))
     if not path.is_file():
         raise FileNotFoundError(f"no table file {str(path)!r}")
     obj = _load_weights(path)
@@ -236,21 +240,19 @@ def _load_weights(path: Path) -> object:
     torch's own messages advise retrying with ``weights_only=False``, which would run any
     code in the file: they are replaced, not passed on.
     """
-    if path.stat().st_size == 0:
-        raise ValueError(f"{str(path)!r} is empty, not a table saved with torch.save")
     try:
         with warnings.catch_warnings():  # pickle-protocol notes of the weights-only loader
             warnings.simplefilter("ignore")
             return torch.load(path, map_location="cpu", weights_only=True)
-    except OSError:
-        raise
+    except OSError as exc:  # name the file (torch's read errors do not)
+        raise OSError(exc.errno, exc.strerror, str(path)) from None
     except Exception as exc:  # torch raises KeyError, EOFError, UnpicklingError, ...
-        objects = isinstance(exc, pickle.UnpicklingError) and zipfile.is_zipfile(path)
-        what = (
-            "holds objects other than tensors and plain containers"
-            if objects
-            else "is not a table saved with torch.save"
-        )
+        if isinstance(exc, pickle.UnpicklingError) and zipfile.is_zipfile(path):
+            what = "holds objects other than tensors and plain containers"
+        elif isinstance(exc, EOFError) and path.stat().st_size == 0:
+            what = "is empty, not a table saved with torch.save"
+        else:
+            what = "is not a table saved with torch.save"
         raise ValueError(
             f"{str(path)!r} {what}; posenc loads tables with weights_only=True and runs no "
             "code from a file"

@@ -10,6 +10,7 @@ names ``docs/gallery.md`` links to.
 from __future__ import annotations
 
 import dataclasses
+import errno
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,6 +139,8 @@ def write_gallery(
     """
     options = options or FigureOptions()
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "not a folder", str(out))
     plain = dataclasses.replace(options, table=None)
     written = [
         save_figure(item.make(plain), out / item.filename, dpi=dpi) for item in GALLERY.values()
