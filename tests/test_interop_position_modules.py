@@ -235,3 +235,81 @@ def test_from_hf_config_returns_these_modules(config_name, kwargs, kind):
         assert not enc.bidirectional  # the decoder stack's config
     if isinstance(enc, posenc.ALiBi):
         assert "explicit" in repr(enc)
+
+
+_HEADS = {"GPT2": "LMHeadModel", "OPT": "ForCausalLM", "T5": "ForConditionalGeneration"}
+
+
+def _tiny(name: str, **kwargs):
+    transformers = pytest.importorskip("transformers")
+    config = getattr(transformers, f"{name}Config")(vocab_size=99, pad_token_id=1, **kwargs)
+    torch.manual_seed(0)
+    return config, getattr(transformers, name + _HEADS[name])(config).eval()
+
+
+def _padded_ids(length: int) -> torch.Tensor:
+    ids = torch.randint(3, 99, (2, length), generator=torch.Generator().manual_seed(1))
+    ids[1, :3] = 1  # left padding
+    return ids
+
+
+@pytest.mark.parametrize("name", ["GPT2", "OPT"])
+def test_logits_with_posencs_absolute_table_equal_the_models(name):
+    """The model's own table zeroed and posenc's encoding added to the token embeddings:
+    the same logits at every real token (OPT counts real tokens only, from row 2)."""
+    small = {"n_embd": 16, "n_layer": 2, "n_head": 2, "n_positions": 32}
+    if name == "OPT":
+        small = {"hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
+                 "ffn_dim": 32, "max_position_embeddings": 32}  # fmt: skip
+    config, model = _tiny(name, **small)
+    ids = _padded_ids(9)
+    mask = ids != 1
+    enc = posenc.from_hf_config(config)
+    load_hf_weights(enc, model)
+    with torch.no_grad():
+        want = model(input_ids=ids, attention_mask=mask.long()).logits
+        table = model.get_decoder().embed_positions if name == "OPT" else model.transformer.wpe
+        table.weight.zero_()
+        positions = positions_skipping_padding(mask) if name == "OPT" else torch.arange(9)
+        embeds = model.get_input_embeddings()(ids) + enc.encoding(positions)
+        got = model(inputs_embeds=embeds, attention_mask=mask.long()).logits
+    rows = mask if name == "OPT" else torch.ones_like(mask)
+    torch.testing.assert_close(got[rows], want[rows], rtol=1e-5, atol=1e-5)
+
+
+def test_t5_logits_with_posencs_bias_equal_the_models():
+    """Every T5 attention module's compute_bias replaced by posenc's bias (weights loaded
+    by load_hf_weights): the same logits, encoder and decoder, also through a KV cache."""
+    sizes = {"d_model": 16, "d_kv": 8, "d_ff": 32, "num_layers": 2, "num_heads": 2}
+    buckets = {"relative_attention_num_buckets": 8, "relative_attention_max_distance": 12}
+    config, model = _tiny("T5", decoder_start_token_id=0, **sizes, **buckets)
+    ids, target = _padded_ids(14)[:1], _padded_ids(14)[1:, 3:]
+
+    def run():  # the full target at once, then its last token through the cache
+        full = model(input_ids=ids, decoder_input_ids=target).logits
+        first = model(input_ids=ids, decoder_input_ids=target[:, :-1], use_cache=True)
+        last = model(
+            input_ids=ids, decoder_input_ids=target[:, -1:], past_key_values=first.past_key_values
+        )
+        return full, last.logits
+
+    with torch.no_grad():
+        want = run()
+        for module in model.modules():
+            if getattr(module, "has_relative_attention_bias", False):
+                enc = posenc.from_hf_config({**config.to_dict(), "is_decoder": module.is_decoder})
+                load_hf_weights(enc, model)
+                module.compute_bias = _posenc_bias(enc)
+        got = run()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[1][:, -1], got[0][:, -1], rtol=1e-5, atol=1e-5)
+
+
+def _posenc_bias(enc: posenc.T5RelativeBias):
+    def compute_bias(query_length, key_length, device=None, past_seen_tokens=0):
+        q_pos = torch.arange(past_seen_tokens, past_seen_tokens + query_length)
+        k_pos = torch.arange(key_length)
+        q = torch.zeros(1, enc.num_heads, query_length, 1)
+        return enc.score_bias(q, torch.zeros(1, enc.num_heads, key_length, 1), q_pos, k_pos)
+
+    return compute_bias
