@@ -4,7 +4,7 @@ weight loading for every non-rotary family posenc builds from a config.
 Shapes: ``B`` batch, ``T`` length, ``C`` d_model, ``P`` table rows.
 
 Learned tables (Gehring et al. 2017; BERT; GPT-2) are read at ``row = position + offset``:
-0 for GPT-2 and the BERT-likes, 2 for OPT, BioGPT and BART / mBART / PLBart / MVP / TrOCR
+0 for GPT-2 and the BERT-likes, 2 for OPT, BioGPT and BART / mBART / PLBart / MVP
 (fairseq's ``padding_idx + 1``; their tables have ``max_position_embeddings + 2`` rows),
 ``padding_idx + 1`` for RoBERTa / XLM-R and the families that copy their
 ``create_position_ids_from_input_ids`` (those count real tokens only: padding is
