@@ -156,11 +156,25 @@ class AxialRope(PositionalEncoding):
         return None, self.grid_positions(positions, length, batch, "positions")
 
     def cos_sin(self, positions: Tensor, *, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        """``(cos, sin)`` ``[..., N, D/2]`` of checked positions, angles in float64."""
-        axis = self._axis.to(positions.device)
-        pos = positions.to(torch.float64).index_select(-1, axis)  # [..., N, D/2]
-        angles = pos * self._inv_freq.to(positions.device)
-        return angles.cos().to(table_dtype(dtype)), angles.sin().to(table_dtype(dtype))
+        """``(cos, sin)`` ``[..., N, D/2]`` of checked positions, angles in float64.
+
+        Integer coordinates ``0..G-1`` read a ``[G, D/2]`` table of the grid's rows and
+        columns (the same float64 products, rounded once); others are computed directly.
+        """
+        device, out = positions.device, table_dtype(dtype)
+        inv_freq = self._inv_freq.to(device)
+        if positions.is_floating_point() or not positions.numel() or int(positions.min()) < 0:
+            pos = positions.to(torch.float64).index_select(-1, self._axis.to(device))
+            angles = pos * inv_freq  # [..., N, D/2]
+            return angles.cos().to(out), angles.sin().to(out)
+        coords = torch.arange(int(positions.max()) + 1, dtype=torch.float64, device=device)
+        angles = coords[:, None] * inv_freq  # [G, D/2]: row pairs, then column pairs
+        quarter = self.head_dim // 4
+        tables = []
+        for table in (angles.cos().to(out), angles.sin().to(out)):
+            rows, cols = table[positions[..., 0], :quarter], table[positions[..., 1], quarter:]
+            tables.append(torch.cat((rows, cols), dim=-1))
+        return tables[0], tables[1]
 
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
         """Rotate the patch tokens of ``q [B, H, Tq, D]`` and ``k [B, Hkv, Tk, D]``.
@@ -174,6 +188,9 @@ class AxialRope(PositionalEncoding):
             cos, sin = self.cos_sin(pos, dtype=x.dtype)
             if cos.dim() == 3 and cos.shape[0] != batch:
                 cos, sin = cos.expand(batch, -1, -1), sin.expand(batch, -1, -1)
+            if not self.num_prefix_tokens:
+                out.append(apply_rope(x, cos, sin))
+                continue
             prefix, patches = x.split((self.num_prefix_tokens, cos.shape[-2]), dim=-2)
             out.append(torch.cat((prefix, apply_rope(patches, cos, sin)), dim=-2))
         return out[0], out[1]
