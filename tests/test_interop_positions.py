@@ -62,7 +62,6 @@ UNSUPPORTED = {
     "deberta_v2": "disentangled relative attention (position_biased_input)",
     "tapas": "positions reset per table cell",
     "decision_transformer": "timestep embeddings, not token positions",
-    "trocr": "learned or sinusoidal by use_learned_position_embeddings",
     "pp_formulanet": _NOT_YET,
     "roformer": "a sinusoidal table used as a rotary embedding",
     "fsmt": _NOT_YET,
@@ -227,19 +226,19 @@ def _construct(cls):
     return module
 
 
-@pytest.mark.parametrize("family", _cases("learned_class") + _cases("sinusoidal_class"), ids=str)
-def test_position_module_classes_equal_posenc(family):
+CLASS_CASES = [(f, "learned_class") for f in _cases("learned_class")]
+CLASS_CASES += [(f, "sinusoidal_class") for f in _cases("sinusoidal_class")]
+
+
+@pytest.mark.parametrize(("family", "group"), CLASS_CASES, ids=["-".join(c) for c in CLASS_CASES])
+def test_position_module_classes_equal_posenc(family, group):
     torch.manual_seed(0)
     mt = walk.model_type_of(family)
-    suffix = (
-        "LearnedPositionalEmbedding"
-        if "learned_class" in walk.families()[family]
-        else "SinusoidalPositionalEmbedding"
-    )
+    learned = group == "learned_class"
+    suffix = "LearnedPositionalEmbedding" if learned else "SinusoidalPositionalEmbedding"
     theirs_module = _construct(walk.classes(family, suffix)[0])
-    enc = build_position_module(
-        mt, {"d_model": C, "max_position_embeddings": ROWS, "pad_token_id": PAD}
-    )
+    cfg = {"d_model": C, "max_position_embeddings": ROWS, "pad_token_id": PAD}
+    enc = build_position_module(mt, {**cfg, "use_learned_position_embeddings": learned})
     load_hf_weights(enc, theirs_module)
     ids = _padded(OFFSET + T)
     mask = ids != PAD

@@ -4,7 +4,7 @@ weight loading for every non-rotary family posenc builds from a config.
 Shapes: ``B`` batch, ``T`` length, ``C`` d_model, ``P`` table rows.
 
 Learned tables (Gehring et al. 2017; BERT; GPT-2) are read at ``row = position + offset``:
-0 for GPT-2 and the BERT-likes, 2 for OPT, BioGPT and BART / mBART / PLBart / MVP
+0 for GPT-2 and the BERT-likes, 2 for OPT, BioGPT and BART / mBART / PLBart / MVP / TrOCR
 (fairseq's ``padding_idx + 1``; their tables have ``max_position_embeddings + 2`` rows),
 ``padding_idx + 1`` for RoBERTa / XLM-R and the families that copy their
 ``create_position_ids_from_input_ids`` (those count real tokens only: padding is
@@ -12,7 +12,8 @@ skipped). posenc keeps the rows from the offset on, so its position ``p`` is the
 ``p``-th real token and ``LearnedPositionalEncoding(C, P - offset)`` holds them;
 ``positions_skipping_padding`` gives the positions of padded batches the way RoBERTa, OPT
 and fairseq count them. Sinusoidal families get a ``SinusoidalLayout`` (the ``[sin | cos]``
-halves, tensor2tensor spacing, fairseq's offset of 2).
+halves, tensor2tensor spacing, fairseq's offset of 2; TrOCR's when its config says
+``use_learned_position_embeddings=False``).
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ ABSOLUTE_FAMILIES: dict[str, AbsoluteSpec] = {
     **dict.fromkeys(("flaubert", "fnet", "layoutlm", "megatron-bert"), _PLAIN),
     **dict.fromkeys(("mobilebert", "mra", "nystromformer", "rembert", "roc_bert"), _PLAIN),
     **dict.fromkeys(("splinter", "squeezebert", "xlm", "yoso"), _PLAIN),
-    **dict.fromkeys(("bart", "mbart", "plbart", "mvp"), _FAIRSEQ),
+    **dict.fromkeys(("bart", "mbart", "plbart", "mvp", "trocr"), _FAIRSEQ),
     **dict.fromkeys(("opt", "biogpt"), AbsoluteSpec("learned", 2, 2, skips_padding=True)),
     **dict.fromkeys(("roberta", "xlm-roberta", "camembert", "data2vec-text"), _ROBERTA),
     **dict.fromkeys(("longformer", "luke", "markuplm", "roberta-prelayernorm"), _ROBERTA),
@@ -140,6 +141,8 @@ def build_position_module(
     if bias is not None:
         return bias
     spec = ABSOLUTE_FAMILIES.get(model_type)
+    if model_type == "trocr" and not config.get("use_learned_position_embeddings", True):
+        spec = _T2T
     if spec is None:
         return None
     kind = config.get("position_embedding_type") or "absolute"
