@@ -122,6 +122,17 @@ def test_backward_matches_reference(rope, gen, interleaved, rotary_dim, table, i
     torch.testing.assert_close(leaf.grad, expected, **tolerances(torch.float64))
 
 
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_twice_differentiable(rope, gen, interleaved):
+    """The backward is itself a rotation (by -theta), so second derivatives exist."""
+    x = torch.randn(1, 2, 5, 6, generator=gen, dtype=torch.float64, requires_grad=True)
+    cos, sin = _tables(gen, 4, "T", torch.float64)
+    cos, sin = cos[:5], sin[:5]
+    fn = lambda t: rope(t, cos, sin, interleaved=interleaved, inplace=False)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (x,))
+    assert torch.autograd.gradgradcheck(fn, (x,))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_backward_in_low_precision(rope, gen, dtype):
     x = torch.randn(B, H, T, D, generator=gen).to(dtype).requires_grad_()

@@ -18,30 +18,36 @@ Backends:
   SDPA (or the eager formula when the encoding has a VALUE term). Under a causal mask
   with non-decreasing key positions, keys no query of the block may see are skipped (the
   hooks then see a prefix of the keys) and only the keys that some query of the block
-  may not see get a ``-inf`` mask; a decoding step needs no mask at all. With
-  gradients enabled each block is recomputed in the backward pass
-  (``torch.utils.checkpoint``; Chen et al. 2016), so forward and backward hold
-  ``O(B * H * block_size * Tk)`` extra memory and never a ``[H, Tq, Tk]`` tensor.
+  may not see get a ``-inf`` mask; a decoding step needs no mask at all. An encoding
+  whose bias is a function of ``q_pos - k_pos`` (``offset_only``: ALiBi, T5, KERPLE,
+  Sandwich) over consecutive positions is evaluated once per offset and read by every
+  block as a zero-copy view (``posenc.attention_blocks.offset_block``). With gradients
+  enabled each block is recomputed in the backward pass (``posenc.attention_grad``;
+  Chen et al. 2016), so forward and backward hold ``O(B * H * block_size * Tk)`` extra
+  memory and never a ``[H, Tq, Tk]`` tensor; the backward is itself differentiable.
 
 Masking: a key is visible to a query iff ``k_pos <= q_pos`` (causal), the key is not
 padding, and both lie in the same segment (packed sequences). A query with no visible key
 outputs zeros (not NaN), in every backend, forward and backward.
+
+Non-finite inputs: masked keys and values never reach a query, in every backend. When the
+output has a non-finite value (one check of ``[B, H, Tq, D]``), the attention is run again
+with the non-finite keys and values set to zero, and the queries that may see one of them
+are set to NaN; the others keep their finite result. Under ``torch.compile`` the check is
+skipped (it would break the graph), so there a masked NaN may still spread as in SDPA.
 """
 
 from __future__ import annotations
 
 import functools
-import weakref
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
-from torch.utils.checkpoint import checkpoint
 
+from posenc.attention_blocks import general_block, offset_block, offset_table
+from posenc.attention_grad import forbid_double_backward, recompute
+from posenc.attention_memory import peak_tensor_bytes
 from posenc.base import PositionalEncoding, Site
 
 __all__ = [
@@ -55,6 +61,7 @@ __all__ = [
 
 BACKENDS = ("auto", "sdpa", "eager", "chunked")
 DEFAULT_BLOCK_SIZE = 128
+OFFSET_BLOCKS, OFFSET_MIN_BLOCK = 4, 256  # query blocks of the offset path (see below)
 
 
 @dataclass(frozen=True)
@@ -137,85 +144,6 @@ def check_backend(backend: str, position: PositionalEncoding) -> None:
         )
 
 
-def _check_term(what: str, term: Tensor, want: tuple[int, ...], position: PositionalEncoding):
-    """Raise ``ValueError`` unless a hook's output broadcasts to ``want``."""
-    ok = term.dim() == len(want) and all(t in (1, w) for t, w in zip(term.shape, want, strict=True))
-    if not ok or term.shape[-2:] != want[-2:]:
-        raise ValueError(
-            f"{type(position).__name__}.{what} returned shape {tuple(term.shape)}, "
-            f"expected {list(want)} (batch may be 1)"
-        )
-
-
-def _masked_bias(bias: Tensor, mask: Tensor, first: int) -> Tensor:
-    """``bias`` with ``-inf`` where ``mask`` (covering keys ``first:``) is False."""
-    if first == 0:
-        return torch.where(mask, bias, float("-inf"))
-    shape = torch.broadcast_shapes(bias.shape, (*mask.shape[:-1], bias.shape[-1]))
-    out = bias.expand(shape).clone(memory_format=torch.contiguous_format)  # our own copy
-    out[..., first:].masked_fill_(~mask, float("-inf"))
-    return out
-
-
-def _block(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    masking: Masking,
-    start: int,
-    first: int,
-    position: PositionalEncoding,
-    use_sdpa: bool,
-    dropout_p: float,
-    scale: float,
-    guard_empty: bool,
-) -> Tensor:
-    """Attention of the query block ``q [B, H, Tb, D]`` starting at ``start`` over ``k, v``
-    (the first ``Tk`` keys); the keys before ``first`` are visible to every query."""
-    stop, num_keys = start + q.shape[-2], k.shape[-2]
-    q_pos, k_pos = masking.q_pos[..., start:stop], masking.k_pos[..., :num_keys]
-    sites = position.sites
-    bias = position.score_bias(q, k, q_pos, k_pos) if sites & Site.SCORE else None
-    if bias is not None:
-        _check_term("score_bias", bias, (q.shape[0], q.shape[1], q.shape[2], k.shape[2]), position)
-        bias = bias.to(q.dtype)
-    is_causal = use_sdpa and masking.causal and masking.aligned and bias is None
-    if is_causal and q.shape[-2] != num_keys:  # a branch, not a SymBool, under compile
-        is_causal = False
-    needs_mask = not is_causal and first < num_keys  # else every key is visible
-    mask = masking.block(start, stop, slice(first, num_keys)) if needs_mask else None
-    keep_row = None
-    if guard_empty and mask is not None:  # here first == 0: the mask covers every key
-        keep_row = mask.any(-1, keepdim=True)  # [B|1, 1, Tb, 1]
-        mask = mask | ~keep_row  # attend anywhere, then zero the row: no NaN
-    if use_sdpa:
-        logits_mask = mask
-        if bias is not None:
-            logits_mask = bias if mask is None else _masked_bias(bias, mask, first)
-        elif mask is not None and first:
-            seen = mask.new_ones((*mask.shape[:-1], first))
-            logits_mask = torch.cat((seen, mask), dim=-1)
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=logits_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
-        )
-    else:
-        logits = torch.matmul(q, k.transpose(-2, -1)) * scale  # [B, H, Tb, Tk], our own
-        if bias is not None:
-            logits = logits + bias
-        if mask is not None:
-            logits[..., first:].masked_fill_(~mask, float("-inf"))
-        acc = torch.promote_types(q.dtype, torch.float32)  # bf16/fp16 softmax in float32
-        probs = torch.softmax(logits, dim=-1, dtype=acc).to(q.dtype)
-        probs = F.dropout(probs, dropout_p) if dropout_p > 0 else probs
-        out = torch.matmul(probs, v)  # [B, H, Tb, D]
-        term = position.value_term(probs, q_pos, k_pos) if sites & Site.VALUE else None
-        if term is not None:
-            _check_term("value_term", term, tuple(out.shape), position)
-            out = out + term.to(out.dtype)
-    return out if keep_row is None else out.masked_fill(~keep_row, 0.0)
-
-
 def attend(
     q: Tensor,
     k: Tensor,
@@ -244,80 +172,106 @@ def attend(
         scale: logits scale; ``1 / sqrt(D)`` when None.
 
     Returns:
-        ``[B, H, Tq, D]`` in ``q``'s dtype.
+        ``[B, H, Tq, D]`` in ``q``'s dtype. A row is non-finite only if its query, or a
+        key or value it may see, is (then NaN); masked keys never reach it.
 
     Raises:
         ValueError: a VALUE encoding with ``backend="sdpa"``, an unknown backend, or a
             hook output of the wrong shape.
+        RuntimeError: a double backward (``create_graph=True``) through ``backend="sdpa"``
+            or through attention dropout.
     """
     check_backend(backend, position)
-    sites = position.sites
     if backend == "auto":
-        backend = "chunked" if sites & (Site.SCORE | Site.VALUE) else "sdpa"
+        backend = "chunked" if position.sites & (Site.SCORE | Site.VALUE) else "sdpa"
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    num_q, num_k = q.shape[-2], k.shape[-2]
+    run = functools.partial(
+        _attend, position=position, masking=masking, backend=backend,
+        block_size=block_size, dropout_p=dropout_p, scale=scale,
+    )  # fmt: skip
+    out = run(q, k, v)
+    if torch.compiler.is_compiling() or bool(out.sum().isfinite()):  # one pass over out
+        return out
+    bad = ~(torch.isfinite(k).all(-1) & torch.isfinite(v).all(-1))  # [B, H, Tk]
+    if not bool(bad.any()):
+        return out  # from the queries (or the bias) themselves: nothing was masked
+    k, v = (torch.where(bad[..., None], 0.0, t) for t in (k, v))
+    return run(q, k, v).masked_fill(_sees(masking, bad, block_size)[..., None], float("nan"))
+
+
+def _sees(masking: Masking, bad: Tensor, block_size: int) -> Tensor:
+    """``[B, H, Tq]``: whether each query may see a key marked in ``bad [B, H, Tk]``."""
+    num_q, num_k = masking.q_pos.shape[-1], bad.shape[-1]
+    rows = []
+    for start in range(0, num_q, block_size):
+        stop = min(start + block_size, num_q)
+        mask = masking.block(start, stop, slice(0, num_k))  # [B|1, 1, Tb, Tk] or None
+        if mask is None:
+            rows.append(bad.any(-1, keepdim=True).expand(-1, -1, stop - start))
+        else:
+            rows.append((mask & bad[:, :, None, :]).any(-1))
+    return torch.cat(rows, dim=-1) if rows else bad.new_zeros((*bad.shape[:-1], 0))
+
+
+def _offset_block_size(num_queries: int, block_size: int) -> int:
+    """Queries per block of the offset path, whose memory does not grow with the block.
+
+    Each block costs one SDPA call (a thread-pool barrier, expensive on a busy machine,
+    and CPU SDPA is least efficient below ~256 queries), and under a causal mask a block
+    also computes the scores of its hidden upper triangle: ``Tq * Tb / 2`` of the
+    ``Tq^2 / 2`` visible ones. About four blocks balance the two (25% extra scores).
+    """
+    return max(block_size, OFFSET_MIN_BLOCK, -(-num_queries // OFFSET_BLOCKS))
+
+
+def _attend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    position: PositionalEncoding,
+    masking: Masking,
+    backend: str,
+    block_size: int,
+    dropout_p: float,
+    scale: float,
+) -> Tensor:
+    """``attend`` with a resolved backend, before the non-finite check."""
+    sites = position.sites
+    use_sdpa = backend == "sdpa" or (backend == "chunked" and not sites & Site.VALUE)
     kernel = functools.partial(
-        _block,
+        general_block,
         masking=masking,
         position=position,
-        use_sdpa=backend == "sdpa" or (backend == "chunked" and not sites & Site.VALUE),
+        use_sdpa=use_sdpa,
         dropout_p=dropout_p,
         scale=scale,
         guard_empty=masking.key_padding_mask is not None,
     )
-    if backend != "chunked" or num_q <= block_size:
-        return kernel(q, k, v, start=0, first=0)
+    num_q, num_k = q.shape[-2], k.shape[-2]
+    if backend != "chunked" or num_q == 0:
+        out = kernel(q, k, v, start=0, first=0)
+        return forbid_double_backward(out) if backend == "sdpa" else out
+    params = [p for p in position.parameters() if p.requires_grad]
+    grad = torch.is_grad_enabled() and (
+        q.requires_grad or k.requires_grad or v.requires_grad or bool(params)
+    )
+    table = offset_table(position, q, k, masking) if use_sdpa else None
+    if table is not None:  # keys in reverse order: each block's bias is a view
+        k, v = k.flip(-2), v.flip(-2)
+        block_size = _offset_block_size(num_q, block_size)
     starts = list(range(0, num_q, block_size))
     ranges = masking.key_ranges(starts, block_size, num_k)
-    recompute = torch.is_grad_enabled() and (
-        q.requires_grad or k.requires_grad or v.requires_grad
-        or any(p.requires_grad for p in position.parameters())
-    )  # fmt: skip
     outs = []
     for start, (first, limit) in zip(starts, ranges, strict=True):
-        blk = (q[..., start : start + block_size, :], k[..., :limit, :], v[..., :limit, :])
-        fn = functools.partial(kernel, start=start, first=first)
-        outs.append(checkpoint(fn, *blk, use_reentrant=False) if recompute else fn(*blk))
+        q_blk = q[..., start : start + block_size, :]
+        if table is None:
+            fn = functools.partial(kernel, start=start, first=first)
+            blk = (q_blk, k[..., :limit, :], v[..., :limit, :], *params)
+        else:
+            fn = functools.partial(
+                offset_block, start=start, num_keys=num_k, dropout_p=dropout_p, scale=scale
+            )
+            blk = (q_blk, k[..., num_k - limit :, :], v[..., num_k - limit :, :], table.values)
+        outs.append(recompute(fn, *blk, dropout=dropout_p > 0) if grad else fn(*blk))
     return torch.cat(outs, dim=-2)
-
-
-class _TensorMemory(TorchDispatchMode):
-    """Dispatch mode that tracks the bytes of live tensor storages created by aten ops."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.live = self.peak = self.largest = 0
-        self._seen: set[int] = set()
-
-    def _release(self, key: int, nbytes: int) -> None:
-        self.live -= nbytes
-        self._seen.discard(key)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_flatten(out)[0]:
-            if not isinstance(t, Tensor):
-                continue
-            storage = t.untyped_storage()
-            key, nbytes = storage.data_ptr(), storage.nbytes()
-            if nbytes == 0 or key in self._seen:
-                continue
-            self._seen.add(key)
-            self.live += nbytes
-            self.peak = max(self.peak, self.live)
-            self.largest = max(self.largest, nbytes)
-            weakref.finalize(storage, self._release, key, nbytes)
-        return out
-
-
-def peak_tensor_bytes(fn: Callable[[], object]) -> tuple[int, int]:
-    """Run ``fn()``; return (peak live bytes, largest single tensor) of what it allocates.
-
-    Counts every tensor storage created by an aten op while ``fn`` runs (forward and, if
-    ``fn`` calls it, backward), freed when its last reference goes; tensors created
-    before the call are not counted. Scratch space inside a fused kernel is not seen.
-    This is how the chunked backend's memory bound is checked on CPU.
-    """
-    with _TensorMemory() as tracker:
-        fn()
-    return tracker.peak, tracker.largest

@@ -64,10 +64,14 @@ class PositionalEncoding(nn.Module):
     Class attributes:
         sites: the sites the encoding acts at.
         causal_only: True when the encoding is only defined under a causal mask (CoPE).
+        offset_only: True when ``score_bias`` depends on ``q_pos - k_pos`` alone (not on
+            ``q``, ``k`` or the positions themselves), so attention may evaluate it once
+            per offset (ALiBi, T5, KERPLE, Sandwich).
     """
 
     sites: ClassVar[Site] = Site.NONE
     causal_only: ClassVar[bool] = False
+    offset_only: ClassVar[bool] = False
 
     def embed(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
         """INPUT site: ``x [B, T, C]`` with ``positions [T] | [B, T]`` -> ``[B, T, C]``."""

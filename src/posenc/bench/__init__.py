@@ -25,16 +25,18 @@ from posenc.bench.load import busy_processes
 from posenc.bench.report import Target, rope_targets
 from posenc.bench.rope import rope_groups
 from posenc.bench.timing import Group, load_average, machine_info, warm_memory
+from posenc.bench.triton_rope import triton_rope_groups
 from posenc.encodings.rotary import cpu_kernel
 
 __all__ = ["SUITES", "Results", "run_benchmarks"]
 
-SUITES = ("rope", "additive", "bias", "lab")
+SUITES = ("rope", "additive", "bias", "lab", "triton")
 _RUNNERS = {
     "rope": rope_groups,
     "additive": additive_groups,
     "bias": bias_groups,
     "lab": lab_groups,
+    "triton": triton_rope_groups,  # CUDA only: no groups elsewhere
 }
 
 

@@ -156,6 +156,7 @@ class KERPLE(PositionalEncoding):
     """
 
     sites = Site.SCORE
+    offset_only = True
 
     def __init__(
         self,

@@ -109,6 +109,7 @@ class Sandwich(PositionalEncoding):
     """
 
     sites = Site.SCORE
+    offset_only = True
 
     def __init__(self, num_heads: int, *, dim: int = 128) -> None:
         super().__init__()

@@ -192,6 +192,7 @@ class T5RelativeBias(PositionalEncoding):
     """
 
     sites = Site.SCORE
+    offset_only = True
 
     def __init__(
         self,

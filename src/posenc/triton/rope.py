@@ -143,14 +143,17 @@ def _launch(out: Tensor, x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool,
 
 
 class _Rope(torch.autograd.Function):
-    """Rotation by ``theta``; its backward is the rotation by ``-theta``."""
+    """Rotation by ``theta`` (``-theta`` when ``inverse``) whose backward is the rotation
+    by the opposite angle, itself a ``_Rope``: differentiable any number of times."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, inplace: bool):  # type: ignore[override]
+    def forward(  # type: ignore[override]
+        ctx, x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, inplace: bool, inverse: bool
+    ) -> Tensor:
         ctx.save_for_backward(cos, sin)
-        ctx.interleaved = interleaved
+        ctx.interleaved, ctx.inverse = interleaved, inverse
         out = x if inplace else torch.empty_like(x)
-        _launch(out, x, cos, sin, interleaved, inverse=False)
+        _launch(out, x, cos, sin, interleaved, inverse=inverse)
         if inplace:
             ctx.mark_dirty(x)
         return out
@@ -158,9 +161,8 @@ class _Rope(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):  # type: ignore[override]
         cos, sin = ctx.saved_tensors
-        grad_x = torch.empty_like(grad, memory_format=torch.contiguous_format)
-        _launch(grad_x, grad, cos, sin, ctx.interleaved, inverse=True)
-        return grad_x, None, None, None, None
+        grad_x = _Rope.apply(grad, cos, sin, ctx.interleaved, False, not ctx.inverse)
+        return grad_x, None, None, None, None, None
 
 
 def rope(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool, inplace: bool) -> Tensor:
@@ -172,7 +174,7 @@ def rope(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool, inplace: boo
             "rotate a copy (inplace=False) instead"
         )
     if torch.is_grad_enabled() and x.requires_grad:
-        return _Rope.apply(x, cos, sin, interleaved, inplace)
+        return _Rope.apply(x, cos, sin, interleaved, inplace, False)
     out = x if inplace else torch.empty_like(x)
     _launch(out, x, cos, sin, interleaved, inverse=False)
     return out

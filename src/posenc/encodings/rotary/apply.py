@@ -40,6 +40,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from posenc import triton as posenc_triton
 from posenc._checks import check_bool, check_tensor
 from posenc.encodings.rotary import cpu_kernel
 from posenc.fastpath import chunks
@@ -253,6 +254,8 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = False
     interleaved = check_bool("interleaved", interleaved)
     if _plain(x, cos, sin):
         return _rotate_differentiable(x, cos, sin, interleaved)
+    if x.is_cuda and posenc_triton.available():  # one Triton kernel (posenc.triton)
+        return posenc_triton.apply_rope(x, cos, sin, interleaved=interleaved)
     if _needs_grad(x):
         return _Rope.apply(x, cos, sin, interleaved, False, False)
     out = torch.empty_like(x)
@@ -281,6 +284,8 @@ def apply_rope_(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = Fals
     if _plain(x, cos, sin):
         # the rotation reads a copy: x itself is overwritten, and autograd needs its values
         return x.copy_(_rotate_differentiable(x.clone(), cos, sin, interleaved))
+    if x.is_cuda and posenc_triton.available():
+        return posenc_triton.apply_rope(x, cos, sin, interleaved=interleaved, inplace=True)
     if _needs_grad(x):
         return _Rope.apply(x, cos, sin, interleaved, True, False)
     _rotate_into(x, x, cos, sin, interleaved=interleaved, inverse=False)
