@@ -209,6 +209,19 @@ def test_axial_positions_follow_the_merge_blocks():
     assert posenc.axial_positions((2, 3)).tolist() == [[y, x] for y in range(2) for x in range(3)]
 
 
+def test_axial_rope_takes_a_grid_shape():
+    enc = AxialRope(D, num_prefix_tokens=1)
+    q, k = _qk(length=1 + 8)
+    pos = posenc.axial_positions((2, 4), merge_size=2)
+    for got, want in zip(enc(q, k, grid=(2, 4), merge_size=2), enc(q, k, pos), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    for kwargs in ({}, {"positions": pos, "grid": (2, 4)}):
+        with pytest.raises(ValueError, match="positions or grid"):
+            enc(q, k, **kwargs)
+    with pytest.raises(ValueError, match=r"\(3, 4\)"):
+        enc(q, k, grid=(3, 4), merge_size=2)
+
+
 @given(
     pos=st.lists(st.integers(-50, 50), min_size=4, max_size=4),
     shift=st.lists(st.integers(-100, 100), min_size=2, max_size=2),

@@ -97,7 +97,8 @@ def dinov3_positions(grid: Sequence[int]) -> Tensor:
 
 
 class AxialRope(PositionalEncoding):
-    """2-D axial RoPE on queries and keys at patch positions ``[N, 2]`` / ``[B, N, 2]``.
+    """2-D axial RoPE on queries and keys at patch positions ``[N, 2]`` / ``[B, N, 2]``
+    (``rotate``), or at the patches of a grid shape (``forward(q, k, grid=(h, w))``).
 
     Args:
         head_dim: ``D``, a multiple of 4.
@@ -194,6 +195,33 @@ class AxialRope(PositionalEncoding):
             prefix, patches = x.split((self.num_prefix_tokens, cos.shape[-2]), dim=-2)
             out.append(torch.cat((prefix, apply_rope(patches, cos, sin)), dim=-2))
         return out[0], out[1]
+
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        positions: Tensor | None = None,
+        *,
+        grid: Sequence[int] | None = None,
+        merge_size: int = 1,
+    ) -> tuple[Tensor, Tensor]:
+        """Rotate ``q [B, H, T, D]`` and ``k [B, Hkv, T, D]`` of the same tokens.
+
+        Args:
+            q: queries.
+            k: keys.
+            positions: patch positions ``[N, 2]`` or ``[B, N, 2]``; or None with ``grid``.
+            grid: ``(height, width)`` in patches: ``axial_positions(grid, merge_size=...)``.
+            merge_size: the block order of ``grid`` (see ``axial_positions``).
+
+        Raises:
+            ValueError: both or neither of ``positions`` and ``grid``; see ``rotate``.
+        """
+        if (positions is None) == (grid is None):
+            raise ValueError(f"pass positions or grid, not both or neither (grid={grid!r})")
+        if positions is None:
+            positions = axial_positions(grid, merge_size=merge_size).to(q.device)
+        return self.rotate(q, k, positions, positions)
 
     def extra_repr(self) -> str:
         return (
