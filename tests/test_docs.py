@@ -19,6 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from posenc.cli import build_parser, main
@@ -90,3 +91,16 @@ def test_choosing_quotes_explain_alibi_as_printed(capsys, monkeypatch):
     row = next(line for line in lines if line.strip("│ ").startswith("0 attn"))
     percents = [float(v) for v in re.findall(r"([\d.]+)%", row)]  # d = 0, 1, 2, 4, 8
     assert [round(percents[0]), round(percents[4])] == [int(quote[1]), int(quote[2])]
+
+
+def test_gallery_numbers_of_the_trained_table():
+    from posenc.analysis import cosine_similarity_matrix
+    from posenc.viz import load_table
+
+    table = load_table(ROOT / "docs" / "figures" / "learned_trained_table.pt")
+    page = (ROOT / "docs" / "gallery.md").read_text(encoding="utf-8")
+    cos = cosine_similarity_matrix(table)
+    neighbours = float(np.mean(np.diagonal(cos, 1)))
+    assert table.shape == (64, 96) and "64 x 96" in page
+    assert f"a standard deviation of {table.std():.2f}" in page
+    assert f"(mean cosine {neighbours:.2f} between `p` and `p + 1`)" in page
