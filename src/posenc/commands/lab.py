@@ -29,7 +29,7 @@ def _ints(text: object) -> list[int]:
     try:
         return [int(part) for part in str(text).replace(",", " ").split()]
     except ValueError:
-        raise UsageError(f"posenc lab: expected integers, got {text!r}") from None
+        raise UsageError(f"lab: expected integers, got {text!r}") from None
 
 
 def _names(values: list[object]) -> tuple[str, ...]:
@@ -170,7 +170,7 @@ def _seeds(args: argparse.Namespace, count: int) -> tuple[int, ...] | None:
     if args.seeds is not None:
         numbers = _ints(args.seeds)
         if len(numbers) != 1 or numbers[0] < 1:
-            raise UsageError(f"posenc lab: --seeds takes one count >= 1, got {args.seeds!r}")
+            raise UsageError(f"lab: --seeds takes one count >= 1, got {args.seeds!r}")
         count = numbers[0]
     first = args.seed or 0
     return tuple(range(first, first + count))
