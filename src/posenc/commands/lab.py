@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from posenc.cli import UsageError
+from posenc.cli import PREFIX, UsageError
 
 #: Default evaluation lengths as multiples of the training length.
 _LM_MULTIPLES = (1, 2, 4, 8, 16)
@@ -256,6 +256,6 @@ def run(args: argparse.Namespace) -> int:
         )
         statuses += [r["status"] for r in results["runs"]]
     if statuses and "ok" not in statuses:
-        print("posenc: lab: every run failed; see the report's notes", file=sys.stderr)
+        print(f"{PREFIX}lab: every run failed; see the report's notes", file=sys.stderr)
         return 1
     return 0
