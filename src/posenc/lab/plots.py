@@ -58,15 +58,20 @@ def _save(fig, path: Path) -> Path:
 
 
 def _log_ticks(ax, low: float, high: float) -> None:
-    """Readable ticks on a log perplexity axis: 1-2-5 steps across the data's range."""
-    from matplotlib.ticker import FixedLocator, NullLocator
+    """Readable ticks on a log perplexity axis: 1-1.5-2-3-5-7 steps per decade across a
+    wide range, evenly spaced round numbers across a narrow one (at least three)."""
+    from matplotlib.ticker import FixedLocator, MaxNLocator, NullLocator
 
     ticks = []
-    for decade in range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1):
-        for step in (1, 1.5, 2, 3, 5, 7):
-            value = step * 10**decade
-            if low / 1.05 <= value <= high * 1.05:
-                ticks.append(value)
+    if high / low > 4:
+        for decade in range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1):
+            for step in (1, 1.5, 2, 3, 5, 7):
+                value = step * 10**decade
+                if low <= value <= high:
+                    ticks.append(value)
+    if len(ticks) < 3:
+        ticks = [t for t in MaxNLocator(nbins=5).tick_values(low, high) if low <= t <= high]
+    ax.set_ylim(low, high)
     ax.yaxis.set_major_locator(FixedLocator(ticks))
     ax.yaxis.set_minor_locator(NullLocator())
     ax.set_yticklabels([f"{t:g}" for t in ticks])
@@ -90,7 +95,8 @@ def _length_figure(results: dict, out: Path, plt) -> Path:
             xs.append(n * shift)
             ys.append(cell.mean)
             errs.append(cell.half_width or 0.0)
-        means += ys
+        means += [y - e for y, e in zip(ys, errs, strict=True) if y - e > 0]
+        means += [y + e for y, e in zip(ys, errs, strict=True)]
         ax.errorbar(xs, ys, yerr=errs, color=look.color, marker=look.marker,
                     linestyle=look.linestyle, markersize=4, capsize=2, linewidth=1.2,
                     label=row.label)  # fmt: skip
@@ -108,7 +114,7 @@ def _length_figure(results: dict, out: Path, plt) -> Path:
     if metric == "ppl":
         ax.set_yscale("log")
         if means:
-            _log_ticks(ax, min(means), max(means))
+            _log_ticks(ax, min(means) / 1.03, max(means) * 1.03)
         ax.set_ylabel("per-byte perplexity (log scale)")
     else:
         ax.set_ylim(-0.02, 1.02)
@@ -156,7 +162,7 @@ def _position_figure(results: dict, out: Path, plt) -> Path:
                 markevery=max(1, bins // 8), markersize=4, linewidth=1.2, label=label)  # fmt: skip
     _mark_training_length(ax, config["train_len"])
     ax.set_yscale("log")
-    _log_ticks(ax, min(everything), max(everything))
+    _log_ticks(ax, min(everything) / 1.03, max(everything) * 1.03)
     ax.set_xlabel(f"position inside windows of {longest} tokens")
     ax.set_ylabel("per-byte perplexity (log scale)")
     ax.set_title(f"posenc lab: loss by position at length {longest}, trained at "
