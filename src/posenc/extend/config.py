@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +57,6 @@ class ExtendConfig:
     device: str = "cpu"
     dtype: str = "float32"
     seed: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in self.scalings:
@@ -92,9 +91,8 @@ class ExtendConfig:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out.pop("extra")
-        return out
+        """The options as a JSON-ready dict."""
+        return asdict(self)
 
 
 def read_config(model_dir: str | Path) -> dict[str, Any]:

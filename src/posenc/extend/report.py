@@ -114,6 +114,7 @@ def draw(results: dict, out: Path) -> Path | None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6.5), dpi=120, sharex=True)
     for label in results["settings"]:
@@ -133,6 +134,9 @@ def draw(results: dict, out: Path) -> Path | None:
         ax.grid(True, alpha=0.3)
     top.set_xscale("log", base=2)
     top.set_yscale("log")
+    plain = FuncFormatter(lambda value, _: f"{value:.4g}")
+    top.yaxis.set_major_formatter(plain)
+    top.yaxis.set_minor_formatter(plain)
     top.set_ylabel("perplexity (log)")
     bottom.set_ylabel("passkey accuracy")
     bottom.set_ylim(-0.05, 1.05)

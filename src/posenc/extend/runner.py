@@ -106,10 +106,29 @@ def _passkey_fits(tokenizer, length: int) -> bool:
     return True
 
 
+def _measure(model, tokenizer, windows: list[torch.Tensor], depths, config) -> dict:
+    """One cell: the mean NLL of each window ``[T]`` and a passkey trial per depth."""
+    start = time.perf_counter()
+    length = windows[0].numel()
+    nll = [window_nll(model, w, chunk=config.chunk) for w in windows]
+    trials = [
+        passkey(model, tokenizer, length, d, seed=config.seed, chunk=config.chunk) for d in depths
+    ]
+    return {
+        "length": length,
+        "window_nll": [float(x.mean()) for x in nll],
+        "mean_nll": float(torch.cat(nll).mean()),
+        "passkey": trials,
+        "seconds": time.perf_counter() - start,
+    }
+
+
 def _results(config, model_info, data, settings, cells, status, identity, notes) -> dict:
     table: dict[str, dict[str, dict]] = {}
     for (label, length), record in cells.items():
         table.setdefault(label, {})[str(length)] = record
+        if not math.isfinite(record["mean_nll"]):
+            notes = [*notes, f"{label} @ {length}: non-finite loss"]
     return {
         "status": status,
         "identity": identity,
@@ -191,23 +210,9 @@ def run_extend(
                 try:
                     for n in mine:
                         bar.update(task, description=f"{setting.label} @ {n}")
-                        start = time.perf_counter()
-                        nll = [window_nll(model, w, chunk=config.chunk) for w in windows[n]]
-                        trials = [
-                            passkey(model, tokenizer, n, d, seed=config.seed, chunk=config.chunk)
-                            for d in (config.passkey_depths if keyed[n] else ())
-                        ]
-                        record = {
-                            "identity": identity,
-                            "setting": setting.label,
-                            "length": n,
-                            "window_nll": [float(x.mean()) for x in nll],
-                            "mean_nll": float(torch.cat(nll).mean()),
-                            "passkey": trials,
-                            "seconds": time.perf_counter() - start,
-                        }
-                        if not math.isfinite(record["mean_nll"]):
-                            notes.append(f"{setting.label} @ {n}: non-finite loss")
+                        depths = config.passkey_depths if keyed[n] else ()
+                        record = _measure(model, tokenizer, windows[n], depths, config)
+                        record = {"identity": identity, "setting": setting.label, **record}
                         write_json(_cell_path(out, setting.label, n), record)
                         cells[setting.label, n] = record
                         bar.advance(task)
