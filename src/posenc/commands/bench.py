@@ -92,6 +92,7 @@ def _write_json(path: Path, data: object) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(json.dumps(data, indent=1) + "\n")
+        os.chmod(tmp, 0o644)  # the usual mode of a new file, not mkstemp's 0o600
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
