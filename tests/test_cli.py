@@ -50,10 +50,10 @@ def test_bare_posenc_and_help_list_every_command_on_one_line(capsys, argv):
     out, err = run(capsys, *argv)
     assert err == ""
     lines = out.splitlines()
-    for name in (*cli.COMMANDS, "help"):
-        rows = [line for line in lines if line.split()[:1] == [name]]
-        assert len(rows) == 1, (name, out)
-        assert len(rows[0].split()) > 2, f"{name} has no one-line description"
+    commands = lines[lines.index("commands:") + 1 : lines.index("options:") - 1]
+    assert [line.split()[0] for line in commands] == [*cli.COMMANDS, "help"], out
+    for line in commands:  # one line each: name, then its description
+        assert line.startswith("  ") and len(line.split()) > 2, line
     assert max(map(len, lines)) <= 80
 
 

@@ -53,6 +53,28 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{command}: {message}" if command else message)
 
 
+class _TopParser(_Parser):
+    def format_help(self) -> str:
+        """The overview: one line per command (argparse would wrap long ones)."""
+        sub = next(a for a in self._actions if isinstance(a, argparse._SubParsersAction))
+        width = max(len(choice.dest) for choice in sub._choices_actions) + 2
+        lines = [
+            "usage: posenc COMMAND [options]",
+            "",
+            str(self.description),
+            "",
+            "commands:",
+            *(f"  {choice.dest:<{width}}{choice.help}" for choice in sub._choices_actions),
+            "",
+            "options:",
+            "  -h, --help  this list",
+            "  --version   the version, and the RoPE path used on CPU",
+            "",
+            str(self.epilog),
+        ]
+        return "\n".join(lines) + "\n"
+
+
 def suggest(name: str, choices: Iterable[str]) -> str:
     """``"; did you mean 'x'?"`` for the closest of ``choices`` to ``name``, else ``""``."""
     close = difflib.get_close_matches(name.lower(), list(choices), n=1, cutoff=0.6)
@@ -98,7 +120,7 @@ def error_line(exc: BaseException) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = _TopParser(
         prog="posenc",
         description="Positional encodings for transformers: tables, figures, tours, the lab.",
         epilog="`posenc help COMMAND` (or `posenc COMMAND --help`) shows a command's options.",
