@@ -320,6 +320,25 @@ def test_mistral4_mla_with_temperature():
     _assert_pair(enc.rotate(q, k, pos, pos), want)
 
 
+@pytest.mark.parametrize(
+    "rope_scaling",
+    [
+        {"type": "mrope", "mrope_section": [16, 24, 24]},
+        {"type": "mrope", "rope_type": "default", "mrope_section": [16, 24, 24]},
+        {"type": "default", "rope_type": "default", "mrope_section": [16, 24, 24]},
+    ],
+)
+def test_qwen2_vl_config_json_forms(rope_scaling):
+    """The v4 ``config.json`` forms of Qwen2-VL / Qwen2.5-VL checkpoints."""
+    config = {
+        "model_type": "qwen2_5_vl", "hidden_size": 1536, "num_attention_heads": 12,
+        "rope_theta": 1e6, "rope_scaling": rope_scaling,
+    }  # fmt: skip
+    enc = posenc.from_hf_config(config)
+    assert isinstance(enc, MRoPE) and enc.mrope_section == (16, 24, 24)
+    assert enc.rope.base == 1e6 and enc.rope.rotary_dim == 128
+
+
 def test_unknown_scheme_and_contradicting_fields_raise():
     with pytest.raises(ValueError, match="'spiral'"):
         build_scheme("spiral", {})

@@ -73,9 +73,9 @@ def _rope_params(cfg: Mapping[str, Any], layer_type: str | None) -> dict[str, An
     out = {k: v for k, v in params.items() if v is not None}
     if "rope_theta" not in out:
         out["rope_theta"] = cfg.get("rope_theta", DEFAULT_BASE)
-    if out.get("rope_type", out.get("type")) == "mrope":  # legacy Qwen2-VL name
-        out.pop("type", None)
-        out["rope_type"] = "default"
+    for key in ("rope_type", "type"):  # "mrope": Qwen2-VL's legacy name of the default
+        if out.get(key) == "mrope":
+            out[key] = "default"
     out.pop("max_position_embeddings", None)  # Mistral's copy of the model's; read by no type
     return out
 
