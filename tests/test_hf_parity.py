@@ -309,7 +309,7 @@ def test_original_length_defaults_and_factor():
     ("config", "match"),
     [
         ({"hidden_size": 64}, "neither head_dim nor hidden_size and num_attention_heads"),
-        ({"hidden_size": 99, "num_attention_heads": 3}, "head_dim must be even, got 33"),
+        ({"hidden_size": 99, "num_attention_heads": 3}, r"hidden_size=99 // .* head_dim 33"),
         ({"head_dim": 64, "rope_scaling": {"type": "mrope"}}, "unknown rope_type 'mrope'.*llama3"),
         (
             {"head_dim": 64, "rope_scaling": {"type": "yarn", "factor": 2.0}},

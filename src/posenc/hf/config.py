@@ -124,7 +124,13 @@ def _head_dim(cfg: Mapping[str, Any], fam: Family) -> int:
             f"config has neither {direct} nor {fam.hidden} and {fam.heads}, "
             f"got {fam.hidden}={hidden}, {fam.heads}={heads}"
         )
-    return check_int(fam.hidden, hidden) // check_int(fam.heads, heads)
+    head_dim = check_int(fam.hidden, hidden) // check_int(fam.heads, heads)
+    if head_dim % 2:
+        raise ValueError(
+            f"{fam.hidden}={hidden} // {fam.heads}={heads} gives head_dim {head_dim}, "
+            "which must be even"
+        )
+    return head_dim
 
 
 def layer_types_of(cfg: Mapping[str, Any]) -> list[str] | None:
