@@ -19,7 +19,7 @@ if [ ! -d /usr/share/games/fortunes ] && command -v apt-get >/dev/null && [ "$(i
     || (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq fortunes >/dev/null 2>&1)) \
     || echo "setup: could not install Debian's fortunes package (posenc lab --corpus fortunes needs it)"
 fi
-# The compiled CPU RoPE kernel (about 2 s with g++); without it apply_rope runs its
+# The compiled CPU RoPE kernel (a few seconds with g++); without it apply_rope runs its
 # PyTorch path, and `posenc --version` says so.
 python -m posenc.encodings.rotary.build_kernel || true
 python -c "import torch, posenc; print('posenc', posenc.__version__, 'torch', torch.__version__)"

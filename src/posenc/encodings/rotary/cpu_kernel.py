@@ -5,7 +5,7 @@ Shapes: ``B`` batch, ``H`` heads, ``T`` length, ``D`` head_dim, ``R`` rotary dim
 once, any strides with a unit last stride, in place or not) with ``at::parallel_for``
 over rows; float32, float64, bfloat16 and float16, half precision rotated in float32
 and rounded once. It is compiled ahead of time by ``python -m
-posenc.encodings.rotary.build_kernel`` (``scripts/setup.sh`` runs it; about two seconds
+posenc.encodings.rotary.build_kernel`` (``scripts/setup.sh`` runs it; a few seconds
 with g++) into a shared library beside this file whose name carries the torch version
 and a hash of the source, so a stale or foreign build is never loaded. Nothing compiles
 at run time: when the library is missing, fails to load, or ``POSENC_CPU_KERNEL=0`` is
