@@ -353,3 +353,24 @@ def test_unknown_scheme_and_contradicting_fields_raise():
         build_scheme("mrope", {**cfg, "rope_parameters": params})
     with pytest.raises(ValueError, match="layer_type"):
         build_scheme("proportional", {**cfg, "rope_parameters": {"full_attention": {}}})
+
+
+@pytest.mark.parametrize("global_head_dim", [None, 128])
+def test_gemma4_config_json_full_layers_take_the_global_head_dim(global_head_dim):
+    """A raw ``config.json`` (no ``per_layer_config``) as transformers reads it."""
+    extra = {} if global_head_dim is None else {"global_head_dim": global_head_dim}
+    fields = dict(
+        hidden_size=64, num_attention_heads=H, num_key_value_heads=1, head_dim=16,
+        num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"], **extra,
+    )  # fmt: skip
+    hf = transformers.Gemma4TextConfig(**fields)
+    raw = {
+        "model_type": "gemma4_text",
+        **fields,
+        "rope_parameters": hf.to_dict()["rope_parameters"],
+    }
+    for layer_idx in (0, 1):
+        want = build_scheme("proportional", hf.to_dict(), layer_idx=layer_idx)
+        got = posenc.from_hf_config(raw, layer_idx=layer_idx)
+        assert got.head_dim == want.head_dim == (16 if layer_idx == 0 else global_head_dim or 512)
+        torch.testing.assert_close(got.inv_freq, want.inv_freq, rtol=0, atol=0)

@@ -98,9 +98,16 @@ def _head_dim(cfg: Mapping[str, Any], layer_idx: int | None = None) -> int:
 
 
 def _per_layer(cfg: Mapping[str, Any]) -> dict[int, Mapping[str, Any]]:
-    """Gemma 4's ``per_layer_config`` (``{"05": {"head_dim": 512}}``) by layer index."""
-    table = cfg.get("per_layer_config") or {}
-    return {int(key): value for key, value in table.items()}
+    """Gemma 4's ``per_layer_config`` (``{"05": {"head_dim": 512}}``) by layer index.
+
+    A ``config.json`` without it gives its full-attention layers ``global_head_dim``
+    (512 when absent), as the configs of the proportional families (Gemma 4) do.
+    """
+    table = cfg.get("per_layer_config")
+    if table is None and cfg.get("layer_types"):
+        full = {"head_dim": cfg.get("global_head_dim", 512)}
+        table = {i: full for i, kind in enumerate(cfg["layer_types"]) if kind == "full_attention"}
+    return {int(key): value for key, value in (table or {}).items()}
 
 
 def _layer_head_dim(cfg: Mapping[str, Any], layer_type: str | None, layer_idx: int | None) -> int:
