@@ -64,11 +64,12 @@ def test_module_second_derivatives(gen, name):
     assert torch.autograd.gradgradcheck(lambda q, k: module(q, k), (q, k))
 
 
+@pytest.mark.parametrize("backend", ["eager", "chunked"])
 @pytest.mark.parametrize("name", ["rope", "xpos"])
-def test_attention_second_derivatives_on_the_eager_backend(gen, name):
-    """Double backward through attention with RoPE/xPos (the eager backend; torch's CPU
-    SDPA kernel has no double backward)."""
+def test_attention_second_derivatives(gen, name, backend):
+    """Double backward through attention with RoPE/xPos (the backends that have one;
+    torch's fused SDPA kernels have no double backward)."""
     torch.manual_seed(0)
-    layer = posenc.MultiHeadAttention(4, 1, position=name, backend="eager").double()
+    layer = posenc.MultiHeadAttention(4, 1, position=name, backend=backend).double()
     x = torch.randn(1, 3, 4, generator=gen, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradgradcheck(layer, (x,))
