@@ -1,5 +1,5 @@
 """The pieces behind ``build_position_module`` and ``load_hf_weights``, checked against
-float64 references written from the formulas and against transformers' own helpers.
+float64 references written from the formulas and against transformers' own functions.
 
 Shapes: ``B`` batch, ``T`` length, ``C`` d_model, ``H`` heads.
 """
