@@ -424,6 +424,7 @@ CLI_CASES = [
     (["bench", "--repeats", "-1", "--quick"], "-1"),
     (["bench", "--threads", "abc"], "abc"),
     (["bench", "--quick", "--json", "{tmp}/missing/x.json"], "missing"),
+    (["extend", "{tmp}/missing"], "missing"),
 ]
 
 
