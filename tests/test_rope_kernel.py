@@ -21,16 +21,21 @@ def fresh_status():
     cpu_kernel._load.cache_clear()
 
 
-def test_kernel_writes_dense_rows_and_declines_strided_ones(gen):
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_kernel_gives_strided_views_their_contiguous_result(gen, interleaved):
+    """Any strides take the kernel, bit for bit the result of a contiguous copy."""
     if cpu_kernel.status() != "compiled C++ kernel":
         pytest.skip(f"CPU kernel: {cpu_kernel.status()}")
-    x = torch.randn(B, H, T, D, generator=gen)
-    cos, sin = torch.rand(T, D // 2, generator=gen), torch.rand(T, D // 2, generator=gen)
+    x = torch.randn(B, H, T, 2 * D, generator=gen)[..., ::2]  # every other feature
+    cos, sin = torch.rand(T, 1, generator=gen), torch.rand(T, 1, generator=gen)  # R = 2 < D
     out = torch.full_like(x, float("nan"))
-    assert cpu_kernel.rotate(out, x, cos, sin, interleaved=False)
-    assert not out.isnan().any()
-    strided = torch.randn(B, H, T, 2 * D, generator=gen)[..., ::2]
-    assert not cpu_kernel.rotate(out, strided, cos, sin, interleaved=False)
+    assert cpu_kernel.rotate(out, x, cos, sin, interleaved=interleaved)
+    dense = torch.full_like(x.contiguous(), float("nan"))
+    assert cpu_kernel.rotate(dense, x.contiguous(), cos, sin, interleaved=interleaved)
+    assert torch.equal(out, dense) and not dense.isnan().any()
+    in_place = x.clone()
+    assert cpu_kernel.rotate(in_place, in_place, cos, sin, interleaved=interleaved)
+    assert torch.equal(in_place, dense)
 
 
 def test_switched_off_by_the_environment(monkeypatch, fresh_status, gen):

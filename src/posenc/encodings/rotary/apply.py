@@ -15,8 +15,8 @@ Layouts of the pairs ``(a_i, b_i)``, ``i < R/2``, that rotate by angle ``theta_i
 
 Each pair maps to ``(a cos - b sin, a sin + b cos)``.
 
-Speed: the rotation is pure memory traffic. On CPU tensors with a unit last stride it
-runs in the compiled kernel of ``posenc.encodings.rotary.cpu_kernel`` (one pass, each
+Speed: the rotation is pure memory traffic. On CPU tensors (any strides) it runs in
+the compiled kernel of ``posenc.encodings.rotary.cpu_kernel`` (one pass, each
 row read once and written once, rows shared among threads in small blocks, so a busy
 core delays it by one block). Elsewhere, or where the kernel is not built, the PyTorch
 path writes every partial result into the output (``out=``) and never allocates a

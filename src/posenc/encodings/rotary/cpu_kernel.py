@@ -2,7 +2,7 @@
 
 Shapes: ``B`` batch, ``H`` heads, ``T`` length, ``D`` head_dim, ``R`` rotary dim.
 ``rope_cpu.cpp`` rotates every row of ``x [B, H, T, D]`` in one pass (read once, write
-once, any strides with a unit last stride, in place or not) with ``at::parallel_for``
+once, any strides, in place or not) with ``at::parallel_for``
 over rows; float32, float64, bfloat16 and float16, half precision rotated in float32
 and rounded once. It is compiled ahead of time by ``python -m
 posenc.encodings.rotary.build_kernel`` (``scripts/setup.sh`` runs it; a few seconds
@@ -110,13 +110,11 @@ def rotate(out: Tensor, x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: boo
 
     Returns:
         ``True`` when the kernel wrote ``out``; ``False`` (nothing written) when it is
-        unavailable or the inputs are not CPU tensors with a unit last stride.
+        unavailable or the inputs are not CPU tensors of a floating dtype it handles.
     """
     func, _ = _load()
     code = _DTYPE_CODES.get(x.dtype)
     if func is None or code is None or x.device.type != "cpu" or out.device.type != "cpu":
-        return False
-    if (x.stride(-1) != 1 and x.shape[-1] > 1) or (out.stride(-1) != 1 and out.shape[-1] > 1):
         return False
     half = cos.shape[-1]
     cos = cos.reshape(-1, x.shape[2], half).contiguous()  # [B|1, T, R/2]

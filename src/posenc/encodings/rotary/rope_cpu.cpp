@@ -1,16 +1,15 @@
 // One-pass rotary embedding on the CPU (Su et al. 2021, "RoFormer", eq. 34).
 //
 // Shapes: B batch, H heads, T length, D head_dim, R rotary dim (even, R <= D).
-// x and out are [B, H, T, D] with any strides whose last one is 1 (out may be x: in
-// place); cos and sin are contiguous [Bc, T, R/2] tables (Bc = 1 when shared by the
-// batch) in the compute type: float for float32, bfloat16 and float16 inputs, double
+// x and out are [B, H, T, D] with any strides (out may be x: in place); cos and sin
+// are contiguous [Bc, T, R/2] tables (Bc = 1 when shared by the batch) in the compute type: float for float32, bfloat16 and float16 inputs, double
 // for float64. Every row of D features is read once and written once: each pair
 // (a, b) becomes (a cos - b sin, a sin + b cos) computed in the compute type and rounded
 // once to x's type; features R..D-1 are copied when out is not x. Rows are handed out
 // to at::parallel_for's threads in small blocks from a shared counter, so a thread that
 // the OS preempts delays the call by one block, not by half the work.
 //
-// Built by `python -m posenc.encodings.rotary.cpu_kernel` and called through ctypes;
+// Built by `python -m posenc.encodings.rotary.build_kernel`, called through ctypes;
 // the entry point is `posenc_rope`, which returns 0, or 1 for an unknown dtype code.
 
 #include <ATen/Parallel.h>
@@ -63,17 +62,16 @@ struct Layout {
   int64_t table_batch;         // 1: cos/sin shared by the batch, else B
 };
 
+// One row of D features. The unit-stride case (the usual one) is a loop the compiler
+// vectorizes; other strides run the same arithmetic element by element, so a strided
+// view gives bit for bit the result of its contiguous copy.
 template <typename scalar_t, typename acc_t>
-void rotate_row(const scalar_t* x, scalar_t* out, const acc_t* cos, const acc_t* sin,
-                int64_t half, bool interleaved, bool copy_rest, int64_t dim) {
-  if (interleaved) {
-#pragma omp simd
-    for (int64_t i = 0; i < half; ++i) {
-      const acc_t a = widen<scalar_t, acc_t>(x[2 * i]), b = widen<scalar_t, acc_t>(x[2 * i + 1]);
-      out[2 * i] = narrow<scalar_t, acc_t>(a * cos[i] - b * sin[i]);
-      out[2 * i + 1] = narrow<scalar_t, acc_t>(a * sin[i] + b * cos[i]);
-    }
-  } else {
+void rotate_row(const scalar_t* x, int64_t xs, scalar_t* out, int64_t os, const acc_t* cos,
+                const acc_t* sin, int64_t half, bool interleaved, bool copy_rest,
+                int64_t dim) {
+  const int64_t second = interleaved ? 1 : half;  // offset of b from a
+  const int64_t step = interleaved ? 2 : 1;       // offset between consecutive a's
+  if (xs == 1 && os == 1 && !interleaved) {
     const scalar_t* x2 = x + half;
     scalar_t* out2 = out + half;
 #pragma omp simd
@@ -82,9 +80,25 @@ void rotate_row(const scalar_t* x, scalar_t* out, const acc_t* cos, const acc_t*
       out[i] = narrow<scalar_t, acc_t>(a * cos[i] - b * sin[i]);
       out2[i] = narrow<scalar_t, acc_t>(a * sin[i] + b * cos[i]);
     }
+  } else if (xs == 1 && os == 1) {
+#pragma omp simd
+    for (int64_t i = 0; i < half; ++i) {
+      const acc_t a = widen<scalar_t, acc_t>(x[2 * i]), b = widen<scalar_t, acc_t>(x[2 * i + 1]);
+      out[2 * i] = narrow<scalar_t, acc_t>(a * cos[i] - b * sin[i]);
+      out[2 * i + 1] = narrow<scalar_t, acc_t>(a * sin[i] + b * cos[i]);
+    }
+  } else {
+    for (int64_t i = 0; i < half; ++i) {
+      const int64_t ia = i * step, ib = ia + second;
+      const acc_t a = widen<scalar_t, acc_t>(x[ia * xs]), b = widen<scalar_t, acc_t>(x[ib * xs]);
+      out[ia * os] = narrow<scalar_t, acc_t>(a * cos[i] - b * sin[i]);
+      out[ib * os] = narrow<scalar_t, acc_t>(a * sin[i] + b * cos[i]);
+    }
   }
   if (copy_rest) {
-    std::copy(x + 2 * half, x + dim, out + 2 * half);
+    for (int64_t j = 2 * half; j < dim; ++j) {
+      out[j * os] = x[j * xs];
+    }
   }
 }
 
@@ -111,9 +125,10 @@ void rotate(const Layout& s, const void* x_ptr, void* out_ptr, const void* cos_p
         const int64_t t = r % s.length, bh = r / s.length;
         const int64_t h = bh % s.heads, b = bh / s.heads;
         const int64_t table = ((s.table_batch == 1 ? 0 : b) * s.length + t) * half;
-        rotate_row<scalar_t, acc_t>(x + b * xs[0] + h * xs[1] + t * xs[2],
-                                    out + b * os[0] + h * os[1] + t * os[2], cos + table,
-                                    sin + table, half, interleaved, copy_rest, s.dim);
+        rotate_row<scalar_t, acc_t>(x + b * xs[0] + h * xs[1] + t * xs[2], xs[3],
+                                    out + b * os[0] + h * os[1] + t * os[2], os[3],
+                                    cos + table, sin + table, half, interleaved, copy_rest,
+                                    s.dim);
       }
     }
   };
