@@ -260,8 +260,11 @@ def _attend(
     if table is not None:  # keys in reverse order: each block's bias is a view
         k, v = k.flip(-2), v.flip(-2)
         block_size = _offset_block_size(num_q, block_size)
-    starts = list(range(0, num_q, block_size))
-    ranges = masking.key_ranges(starts, block_size, num_k)
+    if num_q <= block_size:  # one block: a guard under torch.compile, not one graph per T
+        starts, ranges = [0], [(0, num_k)]
+    else:
+        starts = list(range(0, num_q, block_size))
+        ranges = masking.key_ranges(starts, block_size, num_k)
     outs = []
     for start, (first, limit) in zip(starts, ranges, strict=True):
         q_blk = q[..., start : start + block_size, :]
