@@ -180,3 +180,20 @@ def test_passkey_trial_decodes_greedily_after_the_prompt(checkpoint):
     assert trial["answer"].encode()[:1] == bytes([first])  # the full forward's next byte
     digits = "".join(c for c in trial["answer"] if c.isdigit())
     assert trial["ok"] == digits.startswith(trial["key"])
+
+
+def test_ranking_orders_by_perplexity_and_marks_ties_and_disagreements():
+    from posenc.extend.report import ranking
+
+    def cell(*nll):
+        return {"window_nll": list(nll), "mean_nll": sum(nll) / len(nll)}
+
+    cells = {
+        "a": {"8": cell(1.0, 2.0)},
+        "b": {"8": cell(1.0 + 1e-7, 2.0)},  # a's rounding twin
+        "c": {"8": cell(1.5, 2.5)},  # worse in every window
+        "d": {"8": cell(1.4, 4.0)},  # better in one window, worse in the other
+    }
+    results = {"settings": ["d", "c", "b", "a"], "cells": cells}
+    assert ranking(results, 8) == "a (4.48) = b (4.48) < c (7.39) ≈ d (14.9)"
+    assert ranking(results, 16) == ""

@@ -5,7 +5,8 @@ Shapes: one row per setting, one column per evaluation length; a perplexity cell
 ``exp`` of the mean token NLL over the windows of that length, a passkey cell the share
 of depths where greedy decoding wrote the key. A ranking sentence lists the settings best
 first, joined by ``<`` where the left one has the lower perplexity in every window and by
-``≈`` where it does not (the windows disagree).
+``≈`` where it does not (the windows disagree), and by ``=`` where every window's NLL
+agrees within ``_SAME`` (relative).
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ from posenc.lab.results import write_bytes
 __all__ = ["FIGURE", "draw", "markdown", "print_table", "ranking"]
 
 FIGURE = "extend.png"
+#: Relative NLL difference below which two settings count as equal: float32 logits agree
+#: to about this much when only the angles' rounding differs (posenc float64, transformers
+#: float32), e.g. dynamic NTK below the trained length against the original.
+_SAME = 1e-5
 
 
 def _cell(results: dict, label: str, length: int) -> dict | None:
@@ -48,8 +53,11 @@ def ranking(results: dict, length: int) -> str:
     for index, (label, cell) in enumerate(cells):
         text += f"{label} ({math.exp(cell['mean_nll']):.3g})"
         if index + 1 < len(cells):
-            pairs = zip(cell["window_nll"], cells[index + 1][1]["window_nll"], strict=True)
-            text += " < " if all(a < b for a, b in pairs) else " ≈ "
+            pairs = list(zip(cell["window_nll"], cells[index + 1][1]["window_nll"], strict=True))
+            if all(abs(a - b) <= _SAME * max(abs(a), abs(b)) for a, b in pairs):
+                text += " = "
+            else:
+                text += " < " if all(a < b for a, b in pairs) else " ≈ "
     return text
 
 
@@ -95,7 +103,8 @@ def markdown(results: dict) -> str:
         )
     lines += [
         "",
-        "Ranking by perplexity (`<`: lower in every window; `≈`: not in every window):",
+        "Ranking by perplexity (`<`: lower in every window; `≈`: not in every window; "
+        "`=`: equal within 1e-5 in every window):",
         "",
     ]
     lines += [f"- At {n}: {ranking(results, n)}." for n in lens if ranking(results, n)]

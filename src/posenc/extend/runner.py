@@ -172,6 +172,7 @@ def run_extend(
     windows = {n: _windows(tokens, n, config.windows) for n in config.eval_lens}
     keyed = {n: _passkey_fits(tokenizer, n) for n in config.eval_lens}
     identity_fields = {"model_config_sha256": config_hash(raw), **config.to_dict()}
+    del identity_fields["model_dir"]  # the checkpoint is named by its config, not its path
     identity_fields["corpus_sha256"] = corpus.sha256
     identity_fields = json.loads(json.dumps(identity_fields))  # as config.json holds it
     identity = config_hash(identity_fields)
