@@ -37,7 +37,7 @@ def command_lines(path: Path) -> list[list[str]]:
     """The ``posenc`` invocations of the bash blocks of ``path``, as argument lists."""
     found = []
     for block in blocks(path, "bash"):
-        for line in block.splitlines():
+        for line in block.replace("\\\n", " ").splitlines():  # join continued lines
             for part in line.split("&&"):
                 words = shlex.split(part, comments=True)
                 if words[:1] == ["posenc"]:
