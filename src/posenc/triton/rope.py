@@ -19,6 +19,8 @@ import triton.language as tl
 from torch import Tensor
 from triton.runtime.interpreter import InterpretedFunction
 
+from posenc.encodings.rotary.apply import rotation_function
+
 __all__ = ["rope"]
 
 _FLOATS = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
@@ -142,27 +144,7 @@ def _launch(out: Tensor, x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool,
     )  # fmt: skip
 
 
-class _Rope(torch.autograd.Function):
-    """Rotation by ``theta`` (``-theta`` when ``inverse``) whose backward is the rotation
-    by the opposite angle, itself a ``_Rope``: differentiable any number of times."""
-
-    @staticmethod
-    def forward(  # type: ignore[override]
-        ctx, x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, inplace: bool, inverse: bool
-    ) -> Tensor:
-        ctx.save_for_backward(cos, sin)
-        ctx.interleaved, ctx.inverse = interleaved, inverse
-        out = x if inplace else torch.empty_like(x)
-        _launch(out, x, cos, sin, interleaved, inverse=inverse)
-        if inplace:
-            ctx.mark_dirty(x)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):  # type: ignore[override]
-        cos, sin = ctx.saved_tensors
-        grad_x = _Rope.apply(grad, cos, sin, ctx.interleaved, False, not ctx.inverse)
-        return grad_x, None, None, None, None, None
+_Rope = rotation_function(_launch)
 
 
 def rope(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool, inplace: bool) -> Tensor:

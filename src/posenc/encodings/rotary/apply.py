@@ -37,6 +37,8 @@ their faults stall now and then for tens of times a copy; ``posenc bench`` shows
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -178,29 +180,44 @@ def _rotate_into(
         _rotate_chunked(out, x, cos, sin, interleaved)
 
 
-class _Rope(torch.autograd.Function):
-    """Rotation by ``theta`` (``-theta`` when ``inverse``) whose backward is the rotation
-    by the opposite angle, itself a ``_Rope``: differentiable any number of times."""
+def rotation_function(
+    rotate_into: Callable[[Tensor, Tensor, Tensor, Tensor, bool, bool], None],
+) -> type[torch.autograd.Function]:
+    """An autograd Function rotating with ``rotate_into(out, x, cos, sin, interleaved,
+    inverse)`` (``out is x``: in place; ``inverse``: by ``-theta``).
 
-    @staticmethod
-    def forward(  # type: ignore[override]
-        ctx, x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, inplace: bool, inverse: bool
-    ) -> Tensor:
-        ctx.save_for_backward(cos, sin)
-        ctx.interleaved, ctx.inverse = interleaved, inverse
-        if inplace:
-            _rotate_into(x, x, cos, sin, interleaved=interleaved, inverse=inverse)
-            ctx.mark_dirty(x)
-            return x
-        out = torch.empty_like(x)
-        _rotate_into(out, x, cos, sin, interleaved=interleaved, inverse=inverse)
-        return out
+    Its backward is the rotation by the opposite angle, itself this Function, so it is
+    differentiable any number of times. Shared by the CPU path and the Triton kernel.
+    """
 
-    @staticmethod
-    def backward(ctx, grad: Tensor):  # type: ignore[override]
-        cos, sin = ctx.saved_tensors
-        grad_x = _Rope.apply(grad, cos, sin, ctx.interleaved, False, not ctx.inverse)
-        return grad_x, None, None, None, None, None
+    class Rope(torch.autograd.Function):
+        @staticmethod
+        def forward(  # type: ignore[override]
+            ctx, x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, inplace: bool,
+            inverse: bool,
+        ) -> Tensor:
+            ctx.save_for_backward(cos, sin)
+            ctx.interleaved, ctx.inverse = interleaved, inverse
+            out = x if inplace else torch.empty_like(x)
+            rotate_into(out, x, cos, sin, interleaved, inverse)
+            if inplace:
+                ctx.mark_dirty(x)
+            return out
+
+        @staticmethod
+        def backward(ctx, grad: Tensor):  # type: ignore[override]
+            cos, sin = ctx.saved_tensors
+            grad_x = Rope.apply(grad, cos, sin, ctx.interleaved, False, not ctx.inverse)
+            return grad_x, None, None, None, None, None
+
+    return Rope
+
+
+_Rope = rotation_function(
+    lambda out, x, cos, sin, interleaved, inverse: _rotate_into(
+        out, x, cos, sin, interleaved=interleaved, inverse=inverse
+    )
+)
 
 
 def _rotate_differentiable(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
