@@ -193,7 +193,12 @@ def rotation_function(
     class Rope(torch.autograd.Function):
         @staticmethod
         def forward(  # type: ignore[override]
-            ctx, x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, inplace: bool,
+            ctx,
+            x: Tensor,
+            cos: Tensor,
+            sin: Tensor,
+            interleaved: bool,
+            inplace: bool,
             inverse: bool,
         ) -> Tensor:
             ctx.save_for_backward(cos, sin)
