@@ -44,7 +44,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="train tiny LMs per encoding on short windows, evaluate on longer ones",
         description="Train one tiny causal transformer per encoding and seed on windows of "
         "--train-len tokens and report perplexity (or task accuracy) at longer --eval-lens: "
-        "mean and 95%% interval over seeds, paired wins, and the orderings that hold in "
+        "mean and 95 % interval over seeds, paired wins, and the orderings that hold in "
         "every seed.",
     )
     p.add_argument("--config", metavar="FILE", help="read options from a sweep file (TOML)")
