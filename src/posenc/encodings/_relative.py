@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from posenc._checks import check_float_dtype, check_tensor, resolve_positions
+from posenc._dtypes import compute_dtype
 
 #: ``fn(d, dtype) -> bias``: ``d [N0, 1, N1, N2]`` offsets ``q_pos - k_pos`` (int64 for
 #: integer positions, float otherwise) -> ``[N0, H, N1, N2]`` computed in ``dtype``.
@@ -23,11 +24,6 @@ OffsetFn = Callable[[Tensor, torch.dtype], Tensor]
 
 #: FlexAttention's ``score_mod(score, b, h, q_idx, kv_idx) -> score``.
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
-
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float64 for float64 outputs, float32 for every other (half or single) dtype."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def check_hook_inputs(

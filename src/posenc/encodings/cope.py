@@ -33,8 +33,9 @@ import torch
 from torch import Tensor, nn
 
 from posenc._checks import check_bool, check_int, check_tensor
+from posenc._dtypes import compute_dtype
 from posenc.base import PositionalEncoding, Site, register
-from posenc.encodings._relative import check_hook_inputs, compute_dtype
+from posenc.encodings._relative import check_hook_inputs
 
 __all__ = ["CoPE", "cope_bias", "cope_positions"]
 

@@ -28,12 +28,12 @@ import torch
 from torch import Tensor, nn
 
 from posenc._checks import check_float, check_int
+from posenc._dtypes import compute_dtype
 from posenc.base import PositionalEncoding, Site, register
 from posenc.encodings._relative import (
     ScoreMod,
     check_hook_inputs,
     check_position_pair,
-    compute_dtype,
 )
 
 __all__ = ["FIRE", "fire_bias", "fire_normalized_distance"]

@@ -32,12 +32,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posenc._checks import check_float, check_int
+from posenc._dtypes import compute_dtype
 from posenc.base import PositionalEncoding, Site, register
 from posenc.encodings._relative import (
     ScoreMod,
     check_hook_inputs,
     check_position_pair,
-    compute_dtype,
     offset_score_mod,
     per_head,
     toeplitz_bias,

@@ -28,11 +28,11 @@ import torch
 from torch import Tensor, nn
 
 from posenc._checks import check_int, check_tensor
+from posenc._dtypes import compute_dtype
 from posenc.base import PositionalEncoding, Site, register
 from posenc.encodings._relative import (
     check_hook_inputs,
     check_position_pair,
-    compute_dtype,
     offsets,
     require_integer,
 )

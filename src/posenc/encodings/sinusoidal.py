@@ -33,6 +33,7 @@ from posenc._checks import (
     check_tensor,
     resolve_positions,
 )
+from posenc._dtypes import compute_dtype
 from posenc.base import PositionalEncoding, Site, register
 
 __all__ = ["TABLE_ROWS", "SinusoidalPositionalEncoding", "sinusoidal_table"]
@@ -138,7 +139,7 @@ class SinusoidalPositionalEncoding(PositionalEncoding):
         check_tensor("x", x, ndim=3)
         if x.shape[-1] != self.d_model:
             raise ValueError(f"x has last dimension {x.shape[-1]}, expected d_model={self.d_model}")
-        dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+        dtype = compute_dtype(x.dtype)
         if positions is None:
             pe = self.table(x.shape[1], x.device, dtype)  # [T, C]
         else:

@@ -34,6 +34,7 @@ from posenc._checks import (
     check_tensor,
     resolve_positions,
 )
+from posenc._dtypes import compute_dtype
 from posenc.base import PositionalEncoding, Site
 
 __all__ = ["LAYOUTS", "SPACINGS", "SinusoidalLayout", "sinusoidal_layout_table"]
@@ -146,7 +147,7 @@ class SinusoidalLayout(PositionalEncoding):
         if x.shape[-1] != self.d_model:
             raise ValueError(f"x has last dimension {x.shape[-1]}, expected d_model={self.d_model}")
         positions = resolve_positions(positions, x.shape[1], batch=x.shape[0], device=x.device)
-        work = torch.float64 if x.dtype == torch.float64 else torch.float32
+        work = compute_dtype(x.dtype)
         pe = self.encoding(positions.to(x.device), work)  # [T, C] or [B, T, C]
         return self.dropout(torch.add(x, pe.to(x.dtype)))
 

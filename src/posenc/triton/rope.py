@@ -19,6 +19,7 @@ import triton.language as tl
 from torch import Tensor
 from triton.runtime.interpreter import InterpretedFunction
 
+from posenc._dtypes import compute_dtype
 from posenc.encodings.rotary.apply import rotation_function
 
 __all__ = ["rope"]
@@ -124,7 +125,7 @@ def _launch(out: Tensor, x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool,
     if x.numel() == 0:
         return
     half = cos.shape[-1]
-    compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+    compute = compute_dtype(x.dtype)
     cos, sin = cos.to(compute).contiguous(), sin.to(compute).contiguous()  # small tables
     batch_stride = cos.stride(0) if cos.dim() == 3 and cos.shape[0] > 1 else 0
     block_half = triton.next_power_of_2(max(half, 1))

@@ -29,10 +29,10 @@ import torch
 from torch import Tensor
 
 from posenc._checks import check_float, check_int, check_positions
+from posenc._dtypes import compute_dtype
 from posenc.base import PositionalEncoding, Site
 from posenc.encodings.rotary._shapes import check_qk
 from posenc.encodings.rotary.apply import apply_rope
-from posenc.encodings.rotary.functional import table_dtype
 
 __all__ = ["AxialRope", "axial_inv_freq", "axial_positions", "dinov3_positions"]
 
@@ -162,7 +162,7 @@ class AxialRope(PositionalEncoding):
         Integer coordinates ``0..G-1`` read a ``[G, D/2]`` table of the grid's rows and
         columns (the same float64 products, rounded once); others are computed directly.
         """
-        device, out = positions.device, table_dtype(dtype)
+        device, out = positions.device, compute_dtype(dtype)
         inv_freq = self._inv_freq.to(device)
         if positions.is_floating_point() or not positions.numel() or int(positions.min()) < 0:
             pos = positions.to(torch.float64).index_select(-1, self._axis.to(device))

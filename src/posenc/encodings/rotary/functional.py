@@ -23,6 +23,7 @@ from posenc._checks import (
     check_tensor,
     resolve_positions,
 )
+from posenc._dtypes import compute_dtype
 from posenc.encodings.rotary.apply import apply_rope
 
 __all__ = [
@@ -31,7 +32,6 @@ __all__ = [
     "rope_cos_sin",
     "rope_weight_to_half_split",
     "rope_weight_to_interleaved",
-    "table_dtype",
 ]
 
 Frequencies = tuple[Tensor, float]  # (inv_freq [R/2], attention_scale)
@@ -78,11 +78,6 @@ def rope_cos_sin(
     return cos.to(dtype), sin.to(dtype)
 
 
-def table_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The cos/sin dtype for inputs of ``dtype``: float64 for float64, else float32."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 def rerotate_keys(
     k: Tensor,
     positions: Tensor,
@@ -126,7 +121,7 @@ def rerotate_keys(
     positions = resolve_positions(positions, k.shape[-2], batch=k.shape[0]).to(k.device)
     delta = new_freq.to(torch.float64) - old_freq.to(torch.float64)
     cos, sin = rope_cos_sin(
-        positions, delta, attention_scale=new_scale / old_scale, dtype=table_dtype(k.dtype)
+        positions, delta, attention_scale=new_scale / old_scale, dtype=compute_dtype(k.dtype)
     )
     return apply_rope(k, cos, sin, interleaved=interleaved)
 

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from posenc._checks import check_int
+from posenc._dtypes import compute_dtype
 from posenc.base import PositionalEncoding, Site
 from posenc.encodings.rotary._shapes import check_qk
 from posenc.encodings.rotary.module import RotaryEmbedding
@@ -117,7 +118,7 @@ class MLARope(PositionalEncoding):
         q = torch.cat((q_nope, q_rope), dim=-1)
         if self.scale_queries:
             factor = self.softmax_scale * math.sqrt(self.head_dim)
-            compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+            compute = compute_dtype(q.dtype)
             q = (q.to(compute) * factor).to(q.dtype)
         return q, torch.cat((k_nope, k_rope), dim=-1)
 

@@ -57,13 +57,13 @@ from torch import Tensor
 from torch.utils.hooks import RemovableHandle
 
 from posenc._checks import check_int, check_tensor, resolve_positions
+from posenc._dtypes import compute_dtype
 from posenc.base import PositionalEncoding, Site, register
 from posenc.encodings.rotary.apply import apply_rope
 from posenc.encodings.rotary.functional import (
     Frequencies,
     rerotate_keys,
     rope_cos_sin,
-    table_dtype,
 )
 from posenc.encodings.rotary.scaling import DEFAULT_BASE, ScalingSpec, resolve_scaling
 
@@ -293,7 +293,7 @@ class RotaryEmbedding(PositionalEncoding):
         cache, others (and every position under ``torch.compile``, where reading the
         largest position would break the graph) are computed directly.
         """
-        return self._cos_sin(self._state, positions, table_dtype(dtype))
+        return self._cos_sin(self._state, positions, compute_dtype(dtype))
 
     def _cos_sin(
         self, state: _State, positions: Tensor, dtype: torch.dtype
@@ -357,9 +357,10 @@ class RotaryEmbedding(PositionalEncoding):
         self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, state: _State
     ) -> tuple[Tensor, Tensor]:
         """Rotate with one snapshot ``state``: q and k see the same frequencies."""
-        cos_q, sin_q = self._cos_sin(state, q_pos, table_dtype(q.dtype))
-        same = q_pos is k_pos and table_dtype(q.dtype) == table_dtype(k.dtype)
-        cos_k, sin_k = (cos_q, sin_q) if same else self._cos_sin(state, k_pos, table_dtype(k.dtype))
+        q_dtype, k_dtype = compute_dtype(q.dtype), compute_dtype(k.dtype)
+        cos_q, sin_q = self._cos_sin(state, q_pos, q_dtype)
+        same = q_pos is k_pos and q_dtype == k_dtype
+        cos_k, sin_k = (cos_q, sin_q) if same else self._cos_sin(state, k_pos, k_dtype)
         cos_q, sin_q = self._modulate(cos_q, sin_q, q_pos, query=True)
         cos_k, sin_k = self._modulate(cos_k, sin_k, k_pos, query=False)
         q = apply_rope(q, cos_q, sin_q, interleaved=self.interleaved)

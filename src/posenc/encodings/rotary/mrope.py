@@ -31,10 +31,10 @@ import torch
 from torch import Tensor
 
 from posenc._checks import check_float, check_int, check_positions
+from posenc._dtypes import compute_dtype
 from posenc.base import PositionalEncoding, Site, register
 from posenc.encodings.rotary._shapes import check_qk
 from posenc.encodings.rotary.apply import apply_rope
-from posenc.encodings.rotary.functional import table_dtype
 from posenc.encodings.rotary.module import RotaryEmbedding
 from posenc.encodings.rotary.scaling import DEFAULT_BASE, ScalingSpec
 
@@ -188,7 +188,7 @@ class MRoPE(PositionalEncoding):
 
     def cos_sin(self, positions: Tensor, *, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """``(cos, sin)`` ``[T, R/2]`` or ``[B, T, R/2]`` of validated ``positions``."""
-        cos, sin = self.rope.cos_sin(positions, dtype=table_dtype(dtype))
+        cos, sin = self.rope.cos_sin(positions, dtype=compute_dtype(dtype))
         if not _has_axes(positions):
             return cos, sin  # text: the three axes agree
         axes = self._axes.to(cos.device).expand(1, *cos.shape[1:])  # [1, (B,) T, R/2]

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from posenc._checks import check_float, check_int, check_tensor, resolve_positions
+from posenc._dtypes import compute_dtype
 from posenc.base import PositionalEncoding, Site
 
 __all__ = ["PositionTemperature", "position_temperature"]
@@ -77,7 +78,7 @@ class PositionTemperature(PositionalEncoding):
             q_pos.to(q.device), beta=self.beta, length=self.length, offset=self.offset
         )  # [Tq] | [B, Tq]
         scale = scale[..., None] if scale.dim() == 1 else scale[:, None, :, None]
-        compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+        compute = compute_dtype(q.dtype)
         return (q.to(compute) * scale.to(compute)).to(q.dtype), k
 
     def extra_repr(self) -> str:
