@@ -99,9 +99,10 @@ persimmon phi phi3 phi4_multimodal phimoe pocket_tts pocket_tts_audio_tokenizer 
 qwen2_5_omni_dit qwen2_moe qwen3 qwen3_moe qwen3_next recurrent_gemma seed_oss solar_open
 stablelm starcoder2 t5gemma2_text timesfm2_5 ultrabert unlimited_ocr_text vaultgemma xcodec2
 zaya lfm3 beam glm4_moe esmc gpt_oss emu3_text_model step3p5 voxtral_realtime_text
+qwen3_omni_moe_talker_code_predictor
 """
 _INTERLEAVED = """
-cohere cohere2_moe ernie4_5 ernie4_5_moe glm glm4 glm_ocr_text helium moonshine_streaming
+cohere cohere2_moe ernie4_5 ernie4_5_moe glm glm4 helium moonshine_streaming
 pe_audio_encoder pe_audio_video_encoder pe_video_encoder openai_privacy_filter
 """
 _MLA = """
@@ -111,18 +112,21 @@ longcat_flash youtu
 # M-RoPE and 2-D axial schemes (posenc.hf.schemes), each checked against the family's own
 # rotary at 3-axis / [N, 2] positions (tests/test_schemes_families.py); "pending:" families
 # use a variant posenc does not reproduce yet and raise instead
-_MROPE = "qwen2_vl qwen2_vl_text qwen2_5_vl qwen2_5_vl_text paddleocr_vl paddleocr_vl_text"
+_MROPE = """
+qwen2_vl qwen2_vl_text qwen2_5_vl qwen2_5_vl_text paddleocr_vl paddleocr_vl_text qwen2_5_omni
+qwen2_5_omni_thinker qwen2_5_omni_text qwen2_5_omni_talker
+"""
 _MROPE_INTERLEAVED = """
 qwen3_vl qwen3_vl_text qwen3_vl_moe qwen3_vl_moe_text cosmos3_edge cosmos3_edge_text
+qwen3_omni_moe qwen3_omni_moe_thinker qwen3_omni_moe_text qwen3_omni_moe_talker_text
+cohere_compass cohere_compass_text
 """
-_QWEN3_5_MROPE = "qwen3_5 qwen3_5_text qwen3_5_moe qwen3_5_moe_text"
-_GLM4V_MROPE = "glm4v glm4v_text"
+_QWEN3_5_MROPE = "qwen3_5 qwen3_5_text qwen3_5_moe qwen3_5_moe_text qwen4_exp qwen4_exp_text"
+_GLM4V_MROPE = "glm4v glm4v_text glm_ocr glm_ocr_text"
 _GLM_MROPE = "glm4v_moe glm4v_moe_text glm_image glm_image_text"
-_MROPE_PENDING = """
-qwen2_5_omni qwen2_5_omni_thinker qwen2_5_omni_text qwen3_omni_moe qwen3_omni_moe_text qwen4_exp
-qwen4_exp_text ernie4_5_vl_moe ernie4_5_vl_moe_text hunyuan_vl hunyuan_vl_text neomme
-cohere_compass cohere_compass_text glm_ocr
-"""
+# HunYuan-VL's xdrope: 3 or 4 axes over feature blocks of the [P | P] cos/sin, so the two
+# halves of one pair can follow different axes
+_MROPE_PENDING = "hunyuan_vl hunyuan_vl_text"
 _AXIAL = """
 qwen2_vl_vision qwen2_5_vl_vision qwen3_vl_vision qwen3_vl_moe_vision qwen3_5_vision
 qwen3_5_moe_vision qwen4_exp_vision glm4v_vision glm4v_moe_vision glm_ocr_vision
@@ -131,10 +135,20 @@ paddleocr_vl_vision video_llama_3_vision dots3_note_vision_encoder exaone4_5_vis
 ernie4_5_vl_moe_vision qwen2_5_omni_vision_encoder qwen3_omni_moe_vision_encoder
 cohere_compass_vision
 """
-_AXIAL_PENDING = """
-gemma4_vision kimi_k25_vision minimax_m3_vl_vision inkling2_vision sam3_vit_model step3p5_vision
-eomt_dinov3 llama4_vision_model deepseek_ocr2_vision
-"""
+# the axial variants of posenc.hf.schemes (column-first blocks, adjacent pairs, ...)
+_AXIAL_VARIANTS = {
+    "step3p5_vision": "axial_xy",
+    "inkling2_vision": "axial_xy_adjacent",
+    "sam3_vit_model": "axial_xy_adjacent",
+    "llama4_vision_model": "axial_xy_llama4",
+    "gemma4_vision": "axial_xy_per_axis",
+    "kimi_k25_vision": "axial_xy_cyclic",
+    "minimax_m3_vl_vision": "axial_thw",
+    "eomt_dinov3": "dinov3",
+}
+# DeepSeek-OCR2's vision encoder is a 1-D RoPE decoder over patch and query tokens, kept in
+# its encoder_config, which the config reader does not descend into
+_AXIAL_PENDING = "deepseek_ocr2_vision"
 _PROPORTIONAL = "gemma4 gemma4_text gemma4_unified gemma4_unified_text diffusion_gemma_text"
 _TEMPERATURE = "ministral3 mistral4"
 
@@ -148,9 +162,12 @@ FAMILIES: dict[str, Family] = {
     **{name: Family(scheme="glm4v_mrope") for name in _GLM4V_MROPE.split()},
     **{name: Family(scheme="glm_mrope") for name in _GLM_MROPE.split()},
     **{name: Family(scheme="pending:mrope") for name in _MROPE_PENDING.split()},
+    **dict.fromkeys(("ernie4_5_vl_moe", "ernie4_5_vl_moe_text"), Family(scheme="ernie_mrope")),
+    "neomme": Family(scheme="neomme_mrope"),
     **{name: Family(scheme="axial") for name in _AXIAL.split()},
     "pixtral": Family(scheme="axial_alternating"),
     "dinov3_vit": Family(scheme="dinov3"),
+    **{name: Family(scheme=scheme) for name, scheme in _AXIAL_VARIANTS.items()},
     **{name: Family(scheme="pending:axial") for name in _AXIAL_PENDING.split()},
     **{name: Family(scheme="proportional") for name in _PROPORTIONAL.split()},
     **{name: Family(scheme="temperature") for name in _TEMPERATURE.split()},

@@ -15,7 +15,15 @@ glm4v_mrope        GLM-4V (blocks, adjacent pairs, partial rotary)         MRoPE
 glm_mrope          GLM-4.5V, GLM-Image (blocks, half-split, partial rotary) MRoPE
 axial              Qwen-VL / GLM-4V vision towers (shared frequencies)     AxialRope
 axial_alternating  Pixtral (even frequencies rows, odd columns)            AxialRope
-dinov3             DINOv3 ViT (patch-center coordinates, prefix tokens)    AxialRope
+dinov3             DINOv3 ViT (patch-center coordinates, prefix tokens),   AxialRope
+                   EoMT-DINOv3 (+ ``num_queries`` prefix tokens in the
+                   last ``num_blocks`` layers: pass ``layer_idx``)
+axial_xy           Step3.5 vision (the first D/4 pairs follow the column)  AxialRope
+axial_xy_adjacent  Inkling2 vision, SAM3 ViT (adjacent pairs, column first) AxialRope
+axial_xy_llama4    Llama 4 vision (the same; ``rope_type: default``)       AxialRope
+axial_xy_per_axis  Gemma 4 vision (each axis a half-split block)           AxialRope
+axial_xy_cyclic    Kimi K2.5 vision (pairs alternate column, row)          AxialRope
+axial_thw          MiniMax-M3-VL vision (t, y, x on 2 floor(D/6) each)     AxialRope
 mla                DeepSeek-V2/V3 decoupled RoPE (``qk_rope_head_dim``)    MLARope
 temperature        Ministral 3 (RoPE), Mistral 4 (MLA): + query temperature Compose
                    Llama 4 NoPE layers (``attn_temperature_tuning``)       PositionTemperature
@@ -34,6 +42,12 @@ Gemma 4 layers with their own ``head_dim`` in ``per_layer_config``. DINOv3's
 training-time coordinate augmentation (``pos_embed_shift`` / ``jitter`` / ``rescale``) is
 not applied: it is the eval-mode encoding.
 
+Vision positions are ``(y, x)`` (row, column; ``(t, y, x)`` for ``axial_thw``), the
+coordinates the tower computes: Inkling2 counts patches from 1 and gives its class token
+``(0, 0)``; Llama 4 counts from 1 and appends a class token at ``(0, 0)``; SAM3 scales a
+global layer's grid by ``window_size / width``; Gemma 4 and SAM3 store ``(x, y)``, so
+swap their columns.
+
 A family table entry ``pending:<scheme>`` marks a family whose variant of the scheme posenc
 does not reproduce yet: ``build_scheme`` raises for it, naming the ``model_type``.
 """
@@ -45,10 +59,11 @@ from typing import Any
 
 from posenc._checks import check_int
 from posenc.base import Compose, PositionalEncoding
+from posenc.encodings.nope import NoPE
 from posenc.encodings.rotary.axial import AxialRope
 from posenc.encodings.rotary.mla import MLARope
 from posenc.encodings.rotary.module import RotaryEmbedding
-from posenc.encodings.rotary.mrope import MRoPE
+from posenc.encodings.rotary.mrope import MRoPE, _sections
 from posenc.encodings.rotary.scaling import DEFAULT_BASE
 from posenc.encodings.rotary.temperature import PositionTemperature
 
@@ -153,19 +168,34 @@ def _proportional(cfg: Mapping[str, Any], layer_type: str | None, layer_idx: int
     return _rotary(cfg, _layer_head_dim(cfg, layer_type, layer_idx), params)
 
 
+def _mrope_layer(
+    cfg: Mapping[str, Any], layer_type: str | None, layer_idx: int | None
+) -> tuple[dict[str, Any], int, int | None] | None:
+    """``(rope params, head dim, rotary dim)`` of an M-RoPE layer; None: a NoPE layer type
+    (its entry of per-layer-type rope parameters is None, as Cohere Compass' can be)."""
+    layer_type = _layer_type(cfg, layer_type, layer_idx)
+    nested = cfg.get("rope_parameters") or {}
+    if layer_type is not None and layer_type in nested and nested[layer_type] is None:
+        return None
+    params = _rope_params(cfg, layer_type)
+    head_dim = _head_dim(cfg)  # (a per-layer head dim is Gemma 4's, not an M-RoPE family's)
+    fraction = params.pop("partial_rotary_factor", cfg.get("partial_rotary_factor"))
+    return params, head_dim, None if fraction is None else int(head_dim * fraction)
+
+
 def _mrope(default_section: list[int], *, cyclic: bool, interleaved: bool) -> Builder:
-    def build(cfg: Mapping[str, Any], layer_type: str | None, layer_idx: int | None) -> MRoPE:
-        params = _rope_params(cfg, _layer_type(cfg, layer_type, layer_idx))
+    def build(cfg: Mapping[str, Any], layer_type: str | None, layer_idx: int | None):
+        layer = _mrope_layer(cfg, layer_type, layer_idx)
+        if layer is None:
+            return NoPE()
+        params, head_dim, rotary_dim = layer
         section = params.pop("mrope_section", default_section)
-        flag = params.pop("mrope_interleaved", cyclic)
-        if bool(flag) != cyclic:
-            raise ValueError(
-                f"mrope_interleaved={flag!r} contradicts this family's M-RoPE "
-                f"(mrope_interleaved={cyclic})"
-            )
-        head_dim = _head_dim(cfg)
-        fraction = params.pop("partial_rotary_factor", cfg.get("partial_rotary_factor"))
-        rotary_dim = None if fraction is None else int(head_dim * fraction)
+        for key in ("mrope_interleaved", "interleaved"):  # Qwen3-Omni writes both
+            flag = params.pop(key, cyclic)
+            if bool(flag) != cyclic:
+                raise ValueError(
+                    f"{key}={flag!r} contradicts this family's M-RoPE (mrope_interleaved={cyclic})"
+                )
         base = params.pop("rope_theta")
         return MRoPE(
             head_dim,
@@ -180,24 +210,102 @@ def _mrope(default_section: list[int], *, cyclic: bool, interleaved: bool) -> Bu
     return build
 
 
-def _axial(frequencies: str) -> Builder:
+def _ernie_mrope(cfg: Mapping[str, Any], layer_type: str | None, layer_idx: int | None):
+    """ERNIE 4.5-VL: ``mrope_section`` is ``(s_h, s_w, s_t)`` with ``s_h == s_w``; the first
+    ``2 s_h`` pairs alternate height, width, the last ``s_t`` follow time; adjacent pairs;
+    the whole head rotates and only the default frequencies are allowed (as transformers)."""
+    layer = _mrope_layer(cfg, layer_type, layer_idx)
+    if layer is None:
+        return NoPE()
+    params, head_dim, rotary_dim = layer
+    height, width, time = _sections(params.pop("mrope_section", [22, 22, 20]))
+    kind = params.pop("rope_type", params.pop("type", "default"))
+    base = params.pop("rope_theta")
+    if kind != "default" or params or rotary_dim not in (None, head_dim):
+        raise ValueError(
+            "ERNIE 4.5-VL's M-RoPE takes the default rope type over the whole head, got "
+            f"rope_type={kind!r}, rotary_dim={rotary_dim}, other keys {sorted(params)}"
+        )
+    if height != width:
+        raise ValueError(
+            f"ERNIE 4.5-VL's mrope_section (h, w, t) needs h == w (they alternate), got "
+            f"{[height, width, time]}"
+        )
+    axes = [1, 2] * height + [0] * time
+    return MRoPE(head_dim, base=base, interleaved=True, pair_axes=axes)
+
+
+def _neomme_mrope(cfg: Mapping[str, Any], layer_type: str | None, layer_idx: int | None):
+    """NeoMME: two axes (row, column), pairs alternate ``row0, col0, row1, col1, ...``;
+    positions ``[2, T]`` / ``[2, B, T]``; half-split pairs of the first ``R`` features."""
+    layer = _mrope_layer(cfg, layer_type, layer_idx)
+    if layer is None:
+        return NoPE()
+    params, head_dim, rotary_dim = layer
+    if "mrope_section" in params:
+        raise ValueError(
+            f"NeoMME alternates row and column pairs; mrope_section={params['mrope_section']!r} "
+            "is not read by the model"
+        )
+    pairs = (head_dim if rotary_dim is None else rotary_dim) // 2
+    if pairs % 2:
+        raise ValueError(f"NeoMME's M-RoPE needs an even number of pairs, got {pairs}")
+    base = params.pop("rope_theta")
+    return MRoPE(
+        head_dim,
+        base=base,
+        scaling=params,
+        rotary_dim=rotary_dim,
+        pair_axes=[0, 1] * (pairs // 2),
+        num_axes=2,
+    )
+
+
+def _vision_base(cfg: Mapping[str, Any], layer_type: str | None, kinds: tuple[str, ...]) -> float:
+    """The base of a vision tower's rope parameters, which may hold nothing else."""
+    params = _rope_params(cfg, layer_type)
+    kind = params.pop("rope_type", params.pop("type", kinds[0]))
+    if kind not in kinds or set(params) - {"rope_theta"}:
+        raise ValueError(
+            f"a vision tower's axial RoPE takes rope_type {' or '.join(kinds)} and "
+            f"rope_theta only, got {kind!r} and {params}"
+        )
+    return params["rope_theta"]
+
+
+def _axial(
+    frequencies: str = "shared",
+    *,
+    kinds: tuple[str, ...] = ("axial",),
+    thirds: bool = False,
+    **layout: Any,
+) -> Builder:
+    """A vision tower's axial RoPE: ``layout`` goes to ``AxialRope``; ``thirds``: three
+    axes ``(t, y, x)`` of ``2 floor(D / 6)`` features each (MiniMax-M3-VL)."""
+
     def build(cfg: Mapping[str, Any], layer_type: str | None, layer_idx: int | None) -> AxialRope:
-        params = _rope_params(cfg, layer_type)
-        kind = params.pop("rope_type", params.pop("type", "axial"))
-        if kind != "axial" or set(params) - {"rope_theta"}:
-            raise ValueError(f"a vision tower's axial RoPE takes rope_theta only, got {params}")
-        return AxialRope(_head_dim(cfg), base=params["rope_theta"], frequencies=frequencies)
+        base, head_dim = _vision_base(cfg, layer_type, kinds), _head_dim(cfg)
+        extra = {"axis_order": (0, 1, 2), "axis_dim": 2 * (head_dim // 6)} if thirds else {}
+        return AxialRope(head_dim, base=base, frequencies=frequencies, **layout, **extra)
 
     return build
 
 
 def _dinov3(cfg: Mapping[str, Any], layer_type: str | None, layer_idx: int | None) -> AxialRope:
     registers = check_int("num_register_tokens", cfg.get("num_register_tokens", 0), minimum=0)
+    prefix = 1 + registers
+    if cfg.get("model_type") == "eomt_dinov3":  # the last num_blocks layers prepend queries
+        layers = check_int("num_hidden_layers", cfg.get("num_hidden_layers"))
+        first = layers - check_int("num_blocks", cfg.get("num_blocks"), minimum=0)
+        if layer_idx is not None and check_int("layer_idx", layer_idx, minimum=0) >= layers:
+            raise ValueError(f"layer_idx={layer_idx} is out of range for {layers} layers")
+        if layer_idx is not None and layer_idx >= first:
+            prefix += check_int("num_queries", cfg.get("num_queries"), minimum=0)
     return AxialRope(
         _head_dim(cfg),
-        base=cfg.get("rope_theta", 100.0),
+        base=_vision_base({"rope_theta": 100.0, **cfg}, layer_type, ("default",)),
         frequencies="shared",
-        num_prefix_tokens=1 + registers,
+        num_prefix_tokens=prefix,
     )
 
 
@@ -240,8 +348,6 @@ def _temperature(cfg: Mapping[str, Any], layer_type: str | None, layer_idx: int 
     return Compose([rope, PositionTemperature(beta, length)])
 
 
-_VISION = frozenset({"axial", "axial_alternating", "dinov3"})
-
 SCHEMES: dict[str, Builder] = {
     "proportional": _proportional,
     "mrope": _mrope([16, 24, 24], cyclic=False, interleaved=False),
@@ -249,12 +355,21 @@ SCHEMES: dict[str, Builder] = {
     "qwen3_5_mrope": _mrope([11, 11, 10], cyclic=True, interleaved=False),
     "glm4v_mrope": _mrope([8, 12, 12], cyclic=False, interleaved=True),
     "glm_mrope": _mrope([8, 12, 12], cyclic=False, interleaved=False),
+    "ernie_mrope": _ernie_mrope,
+    "neomme_mrope": _neomme_mrope,
     "axial": _axial("shared"),
     "axial_alternating": _axial("alternating"),
+    "axial_xy": _axial(axis_order=(1, 0)),
+    "axial_xy_adjacent": _axial(axis_order=(1, 0), pairs="interleaved"),
+    "axial_xy_llama4": _axial(kinds=("default",), axis_order=(1, 0), pairs="interleaved"),
+    "axial_xy_per_axis": _axial(axis_order=(1, 0), pairs="per_axis"),
+    "axial_xy_cyclic": _axial(axis_order=(1, 0), cyclic=True),
+    "axial_thw": _axial(thirds=True),
     "dinov3": _dinov3,
     "mla": _mla,
     "temperature": _temperature,
 }
+_VISION = frozenset(name for name in SCHEMES if name.startswith(("axial", "dinov3")))
 
 
 def build_scheme(
@@ -290,9 +405,10 @@ def build_scheme(
             f"unknown scheme {scheme!r} (model_type {model_type!r}); known schemes: "
             f"{', '.join(sorted(SCHEMES))}"
         )
-    part = "vision_config" if scheme in _VISION else "text_config"
-    if config.get(part) is not None:  # a composite model's config: its text or vision part
-        config = _as_dict(config[part])
+    parts = ("vision_config",) if scheme in _VISION else ("thinker_config", "text_config")
+    for part in parts:  # a composite model's config: its text (Omni: thinker's) or vision part
+        if config.get(part) is not None:
+            config = _as_dict(config[part])
     return SCHEMES[scheme](config, layer_type, layer_idx)
 
 

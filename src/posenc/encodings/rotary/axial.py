@@ -1,17 +1,34 @@
 """2-D axial RoPE for vision transformers: half the pairs follow a patch's row, half its
 column (Heo et al. 2024, "Rotary Position Embedding for Vision Transformer", sec. 3.2,
-"RoPE-Axial"; as in Pixtral, the Qwen-VL vision towers and DINOv3).
+"RoPE-Axial"; as in Pixtral, the Qwen-VL vision towers and DINOv3), and the variants of
+current vision towers (more axes, partial rotation, other pair layouts).
 
 Shapes: ``B`` batch, ``H`` heads, ``T`` tokens, ``N`` patch tokens (``N = T - prefix``),
-``D`` head_dim (a multiple of 4). Positions are ``[N, 2]`` or ``[B, N, 2]`` holding
-``(y, x)`` (row, column; integer indices or float coordinates). The pairs are half-split
-over the whole head, ``(i, i + D/2)``; pair ``i < D/4`` rotates by ``y * f_y[i]`` and pair
-``D/4 + i`` by ``x * f_x[i]``, with, for ``i < D/4``:
+``D`` head_dim, ``A`` axes (coordinates per position, 2 unless told), ``S`` features per
+axis (``axis_dim``, even; default ``D / A``), ``R = A S <= D`` rotated features, ``P = R/2``
+pairs. Positions are ``[N, A]`` or ``[B, N, A]``: for two axes ``(y, x)`` (row, column;
+integer indices or float coordinates), for three ``(t, y, x)``. Pair ``p`` rotates by
+``pos[axis(p)] * f(p)``. By default (``axis_order=(0, 1)``, blocks, ``pairs="half"``) the
+pairs are half-split over the whole head, ``(i, i + D/2)``; pair ``i < D/4`` follows ``y``
+and pair ``D/4 + i`` follows ``x``, with for ``i < S/2``:
 
 * ``frequencies="shared"`` (Qwen2-VL / Qwen2.5-VL / Qwen3-VL / GLM-4V vision, DINOv3):
-  ``f_y[i] = f_x[i] = base ** (-4i / D)``;
-* ``frequencies="alternating"`` (Pixtral): the even RoPE frequencies for rows, the odd
-  ones for columns, ``f_y[i] = base ** (-4i / D)``, ``f_x[i] = base ** (-(4i + 2) / D)``.
+  ``f = base ** (-2i / S)`` on every axis (``base ** (-4i / D)`` for ``S = D/2``);
+* ``frequencies="alternating"`` (Pixtral): the RoPE frequencies of ``R`` dealt in turn to
+  the axes, axis block ``b`` gets ``base ** (-2 (A i + b) / R)``: the even ones for rows,
+  the odd ones for columns.
+
+The variants (``AxialRope`` arguments; the families in ``posenc.hf.schemes``):
+
+* ``axis_order``: which coordinate drives each axis block (``(1, 0)``: the first
+  ``P/2`` pairs follow the column; Llama 4, Gemma 4, Step3.5, Inkling2 and SAM3 vision);
+* ``cyclic=True``: pair ``p`` belongs to axis block ``p % A`` with frequency index
+  ``p // A`` instead of contiguous blocks (Kimi K2.5 vision);
+* ``pairs``: ``"half"`` ``(i, i + R/2)``, ``"interleaved"`` ``(2i, 2i + 1)`` (Llama 4's
+  complex ``freqs_ci``, SAM3, Inkling2), or ``"per_axis"``: each axis its own half-split
+  block of ``S`` features, ``(bS + i, bS + S/2 + i)`` (Gemma 4's multidimensional RoPE);
+* ``axis_dim``: ``S`` smaller than ``D / A`` leaves features ``R..D-1`` unrotated
+  (MiniMax-M3-VL's ``(t, y, x)`` RoPE on ``3 * 2 floor(D / 6)`` features).
 
 So ``<R_p q, R_p' k>`` depends on ``p - p'`` only, per axis. ``axial_positions`` builds the
 ``[N, 2]`` indices of a grid (row-major, or in the ``m x m`` merge blocks of the Qwen-VL
@@ -28,35 +45,79 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from posenc._checks import check_float, check_int, check_positions
+from posenc._checks import check_bool, check_float, check_int, check_positions
 from posenc._dtypes import compute_dtype
-from posenc.base import PositionalEncoding, Site
+from posenc.base import PositionalEncoding, Site, register
 from posenc.encodings.rotary._shapes import check_qk
 from posenc.encodings.rotary.apply import apply_rope
 
-__all__ = ["AxialRope", "axial_inv_freq", "axial_positions", "dinov3_positions"]
+__all__ = ["AxialRope", "axial_inv_freq", "axial_pairs", "axial_positions", "dinov3_positions"]
 
 FREQUENCIES = ("shared", "alternating")
+PAIRS = ("half", "interleaved", "per_axis")
 
 
-def axial_inv_freq(head_dim: int, *, base: float, frequencies: str = "shared") -> Tensor:
-    """Per-pair frequencies ``[D/2]`` float64: ``f_y`` for pairs ``< D/4``, then ``f_x``.
+def _axis_dim(head_dim: int, axes: int, axis_dim: int | None) -> int:
+    """``S``: ``axis_dim``, or ``D / A``; checked even, ``A S <= D``."""
+    head_dim = check_int("head_dim", head_dim)
+    axes = check_int("axes", axes)
+    if axis_dim is None:
+        if head_dim % (2 * axes):
+            raise ValueError(
+                f"axial RoPE needs head_dim divisible by {2 * axes} ({axes} axes), got {head_dim}"
+            )
+        return head_dim // axes
+    axis_dim = check_int("axis_dim", axis_dim)
+    if axis_dim % 2 or axes * axis_dim > head_dim:
+        raise ValueError(
+            f"axis_dim must be even with {axes} * axis_dim <= head_dim={head_dim}, got {axis_dim}"
+        )
+    return axis_dim
+
+
+def axial_pairs(
+    head_dim: int, *, axes: int = 2, axis_dim: int | None = None, cyclic: bool = False
+) -> tuple[Tensor, Tensor]:
+    """``(block, index)`` ``[P]`` int64: the axis block of each pair and its frequency index
+    (contiguous blocks of ``S/2`` pairs, or ``p % A`` and ``p // A`` when ``cyclic``).
 
     Raises:
-        ValueError: ``head_dim`` not a positive multiple of 4; unknown ``frequencies``;
-            ``base`` not > 0.
+        ValueError: see ``axial_inv_freq``.
     """
-    head_dim = check_int("head_dim", head_dim)
-    if head_dim % 4:
-        raise ValueError(f"axial RoPE needs head_dim divisible by 4, got {head_dim}")
+    axes = check_int("axes", axes)
+    half = _axis_dim(head_dim, axes, axis_dim) // 2
+    pair = torch.arange(axes * half)
+    if cyclic:
+        return pair % axes, pair // axes
+    return pair // half, pair % half
+
+
+def axial_inv_freq(
+    head_dim: int,
+    *,
+    base: float,
+    frequencies: str = "shared",
+    axes: int = 2,
+    axis_dim: int | None = None,
+    cyclic: bool = False,
+) -> Tensor:
+    """Per-pair frequencies ``[P]`` float64 (for the defaults: ``f_y`` for pairs ``< D/4``,
+    then ``f_x``).
+
+    Raises:
+        ValueError: ``head_dim`` not a positive multiple of ``2 A`` (without ``axis_dim``);
+            ``axis_dim`` odd or ``A S > D``; unknown ``frequencies``; ``base`` not > 0.
+    """
     base = check_float("base", base, positive=True)
     if frequencies not in FREQUENCIES:
         raise ValueError(f"unknown frequencies {frequencies!r}; known: {', '.join(FREQUENCIES)}")
-    exponent = torch.arange(0, head_dim, 4, dtype=torch.float64) / head_dim  # 4i / D
-    rows = torch.tensor(base, dtype=torch.float64) ** -exponent
-    shift = 2.0 / head_dim if frequencies == "alternating" else 0.0
-    cols = torch.tensor(base, dtype=torch.float64) ** -(exponent + shift)
-    return torch.cat((rows, cols))
+    block, index = axial_pairs(head_dim, axes=axes, axis_dim=axis_dim, cyclic=cyclic)
+    size = 2.0 * len(index) / axes  # S
+    if frequencies == "shared":
+        exponent = 2.0 * index.double() / size
+    else:  # the RoPE frequencies of R dealt to the axes in turn
+        exponent = 2.0 * (axes * index + block).double() / (axes * size)
+    return torch.tensor(base, dtype=torch.float64) ** -exponent
 
 
 def axial_positions(grid: Sequence[int], *, merge_size: int = 1) -> Tensor:
@@ -96,21 +157,33 @@ def dinov3_positions(grid: Sequence[int]) -> Tensor:
     return 2.0 * math.pi * torch.stack((ys, xs), dim=-1).reshape(-1, 2)
 
 
+@register(
+    "axial_rope",
+    paper="Heo et al. 2024, Rotary Position Embedding for Vision Transformer (sec. 3.2)",
+    description="2-D RoPE for image patches: half the pairs follow the row, half the column [N, 2]",
+)
 class AxialRope(PositionalEncoding):
-    """2-D axial RoPE on queries and keys at patch positions ``[N, 2]`` / ``[B, N, 2]``
+    """Axial RoPE on queries and keys at patch positions ``[N, A]`` / ``[B, N, A]``
     (``rotate``), or at the patches of a grid shape (``forward(q, k, grid=(h, w))``).
 
     Args:
-        head_dim: ``D``, a multiple of 4.
+        head_dim: ``D``, a multiple of ``2 A`` unless ``axis_dim`` is given.
         base: the RoPE base (100 for DINOv3, 10000 for Pixtral and Qwen-VL).
         frequencies: ``"shared"`` or ``"alternating"`` (see the module docstring).
         num_prefix_tokens: leading tokens left unrotated (DINOv3: 1 + registers).
+        axis_order: the coordinate that drives each axis block, a permutation of
+            ``range(A)``; its length is ``A`` (default ``(0, 1)``).
+        cyclic: pairs cycle through the axis blocks instead of contiguous blocks.
+        pairs: ``"half"``, ``"interleaved"`` or ``"per_axis"`` (see the module docstring).
+        axis_dim: ``S``, features per axis (default ``D / A``); ``A S < D`` is partial.
 
     Raises:
-        ValueError: see ``axial_inv_freq``; negative ``num_prefix_tokens``.
+        ValueError: see ``axial_inv_freq``; negative ``num_prefix_tokens``; ``axis_order``
+            not a permutation; unknown ``pairs``.
     """
 
     sites = Site.QK
+    position_shape = "[N, A]"
 
     def __init__(
         self,
@@ -119,20 +192,42 @@ class AxialRope(PositionalEncoding):
         base: float = 10000.0,
         frequencies: str = "shared",
         num_prefix_tokens: int = 0,
+        axis_order: Sequence[int] = (0, 1),
+        cyclic: bool = False,
+        pairs: str = "half",
+        axis_dim: int | None = None,
     ) -> None:
         super().__init__()
-        self._inv_freq = axial_inv_freq(head_dim, base=base, frequencies=frequencies)
+        order = tuple(axis_order) if isinstance(axis_order, Sequence) else ()
+        if sorted(order) != list(range(len(order))) or not order:
+            raise ValueError(f"axis_order must be a permutation of 0..A-1, got {axis_order!r}")
+        if pairs not in PAIRS:
+            raise ValueError(f"unknown pairs {pairs!r}; known: {', '.join(PAIRS)}")
+        axes, cyclic = len(order), check_bool("cyclic", cyclic)
+        self._inv_freq = axial_inv_freq(
+            head_dim, base=base, frequencies=frequencies, axes=axes, axis_dim=axis_dim,
+            cyclic=cyclic,
+        )  # fmt: skip
+        block, _ = axial_pairs(head_dim, axes=axes, axis_dim=axis_dim, cyclic=cyclic)
+        self._axis = torch.tensor(order)[block]  # the coordinate of each pair
         self.head_dim, self.base, self.frequencies = head_dim, float(base), frequencies
+        self.axis_order, self.cyclic, self.pairs = order, cyclic, pairs
+        self.axis_dim = _axis_dim(head_dim, axes, axis_dim)
+        self.rotary_dim = axes * self.axis_dim
         self.num_prefix_tokens = check_int("num_prefix_tokens", num_prefix_tokens, minimum=0)
-        self._axis = (torch.arange(head_dim // 2) >= head_dim // 4).long()  # 0 row, 1 column
+
+    @property
+    def axes(self) -> int:
+        """``A``, the coordinates per position."""
+        return len(self.axis_order)
 
     @property
     def inv_freq(self) -> Tensor:
-        """Per-pair frequencies ``[D/2]`` (float64)."""
+        """Per-pair frequencies ``[P]`` (float64)."""
         return self._inv_freq
 
     def grid_positions(self, positions: Tensor, tokens: int, batch: int, name: str) -> Tensor:
-        """Check ``positions`` is ``[N, 2]`` or ``[B|1, N, 2]`` with ``N = tokens - prefix``.
+        """Check ``positions`` is ``[N, A]`` or ``[B|1, N, A]`` with ``N = tokens - prefix``.
 
         Raises:
             ValueError: another shape.
@@ -140,12 +235,12 @@ class AxialRope(PositionalEncoding):
         check_positions(positions, name)
         patches = tokens - self.num_prefix_tokens
         shape = tuple(positions.shape)
-        ok = positions.dim() in (2, 3) and shape[-2:] == (patches, 2)
+        ok = positions.dim() in (2, 3) and shape[-2:] == (patches, self.axes)
         if not ok or (positions.dim() == 3 and shape[0] not in (1, batch)):
             raise ValueError(
-                f"axial RoPE {name} must be [N, 2] or [B, N, 2] with N = {patches} "
-                f"({tokens} tokens, {self.num_prefix_tokens} prefix), B = {batch}; "
-                f"got shape {shape}"
+                f"axial RoPE {name} must be [N, {self.axes}] or [B, N, {self.axes}] with "
+                f"N = {patches} ({tokens} tokens, {self.num_prefix_tokens} prefix), "
+                f"B = {batch}; got shape {shape}"
             )
         return positions
 
@@ -157,31 +252,43 @@ class AxialRope(PositionalEncoding):
         return None, self.grid_positions(positions, length, batch, "positions")
 
     def cos_sin(self, positions: Tensor, *, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        """``(cos, sin)`` ``[..., N, D/2]`` of checked positions, angles in float64.
+        """``(cos, sin)`` ``[..., N, P]`` of checked positions, angles in float64, pair ``p``
+        in the order of the module docstring (before the ``pairs`` layout places it).
 
-        Integer coordinates ``0..G-1`` read a ``[G, D/2]`` table of the grid's rows and
-        columns (the same float64 products, rounded once); others are computed directly.
+        Integer coordinates ``0..G-1`` read a ``[G, P]`` table of the grid's coordinates
+        (the same float64 products, rounded once); others are computed directly.
         """
         device, out = positions.device, compute_dtype(dtype)
-        inv_freq = self._inv_freq.to(device)
+        inv_freq, axis = self._inv_freq.to(device), self._axis.to(device)
         if positions.is_floating_point() or not positions.numel() or int(positions.min()) < 0:
-            pos = positions.to(torch.float64).index_select(-1, self._axis.to(device))
-            angles = pos * inv_freq  # [..., N, D/2]
+            angles = positions.to(torch.float64).index_select(-1, axis) * inv_freq
             return angles.cos().to(out), angles.sin().to(out)
         coords = torch.arange(int(positions.max()) + 1, dtype=torch.float64, device=device)
-        angles = coords[:, None] * inv_freq  # [G, D/2]: row pairs, then column pairs
-        quarter = self.head_dim // 4
-        tables = []
-        for table in (angles.cos().to(out), angles.sin().to(out)):
-            rows, cols = table[positions[..., 0], :quarter], table[positions[..., 1], quarter:]
-            tables.append(torch.cat((rows, cols), dim=-1))
-        return tables[0], tables[1]
+        angles = coords[:, None] * inv_freq  # [G, P]
+        index = positions.index_select(-1, axis)  # [..., N, P]: the coordinate of each pair
+        flat = index.reshape(-1, index.shape[-1])
+        tables = (
+            t.to(out).gather(0, flat).reshape(index.shape) for t in (angles.cos(), angles.sin())
+        )
+        return tuple(tables)  # type: ignore[return-value]
+
+    def _rotate_pairs(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        """Rotate ``x [B, H, N, D]`` by ``cos``/``sin`` ``[B|., N, P]`` in the pair layout."""
+        if self.pairs != "per_axis":
+            return apply_rope(x, cos, sin, interleaved=self.pairs == "interleaved")
+        size, half = self.axis_dim, self.axis_dim // 2
+        parts = [
+            apply_rope(x[..., b * size : (b + 1) * size], *(t[..., b * half : (b + 1) * half]
+                       for t in (cos, sin)))
+            for b in range(self.axes)
+        ]  # fmt: skip
+        return torch.cat((*parts, x[..., self.rotary_dim :]), dim=-1)
 
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
         """Rotate the patch tokens of ``q [B, H, Tq, D]`` and ``k [B, Hkv, Tk, D]``.
 
         Raises:
-            ValueError: head_dim or batch mismatch; positions not ``[N, 2]`` / ``[B, N, 2]``.
+            ValueError: head_dim or batch mismatch; positions not ``[N, A]`` / ``[B, N, A]``.
         """
         batch, out = check_qk(q, k, self.head_dim), []
         for x, pos, name in ((q, q_pos, "q_pos"), (k, k_pos, "k_pos")):
@@ -190,10 +297,10 @@ class AxialRope(PositionalEncoding):
             if cos.dim() == 3 and cos.shape[0] != batch:
                 cos, sin = cos.expand(batch, -1, -1), sin.expand(batch, -1, -1)
             if not self.num_prefix_tokens:
-                out.append(apply_rope(x, cos, sin))
+                out.append(self._rotate_pairs(x, cos, sin))
                 continue
             prefix, patches = x.split((self.num_prefix_tokens, cos.shape[-2]), dim=-2)
-            out.append(torch.cat((prefix, apply_rope(patches, cos, sin)), dim=-2))
+            out.append(torch.cat((prefix, self._rotate_pairs(patches, cos, sin)), dim=-2))
         return out[0], out[1]
 
     def forward(
@@ -210,21 +317,26 @@ class AxialRope(PositionalEncoding):
         Args:
             q: queries.
             k: keys.
-            positions: patch positions ``[N, 2]`` or ``[B, N, 2]``; or None with ``grid``.
-            grid: ``(height, width)`` in patches: ``axial_positions(grid, merge_size=...)``.
+            positions: patch positions ``[N, A]`` or ``[B, N, A]``; or None with ``grid``.
+            grid: ``(height, width)`` in patches: ``axial_positions(grid, merge_size=...)``
+                (two axes only).
             merge_size: the block order of ``grid`` (see ``axial_positions``).
 
         Raises:
-            ValueError: both or neither of ``positions`` and ``grid``; see ``rotate``.
+            ValueError: both or neither of ``positions`` and ``grid``; ``grid`` with
+                ``A != 2``; see ``rotate``.
         """
         if (positions is None) == (grid is None):
             raise ValueError(f"pass positions or grid, not both or neither (grid={grid!r})")
         if positions is None:
+            if self.axes != 2:
+                raise ValueError(f"grid= builds 2-D positions; this RoPE has {self.axes} axes")
             positions = axial_positions(grid, merge_size=merge_size).to(q.device)
         return self.rotate(q, k, positions, positions)
 
     def extra_repr(self) -> str:
         return (
             f"head_dim={self.head_dim}, base={self.base}, frequencies={self.frequencies!r}, "
-            f"num_prefix_tokens={self.num_prefix_tokens}"
+            f"num_prefix_tokens={self.num_prefix_tokens}, axis_order={self.axis_order}, "
+            f"cyclic={self.cyclic}, pairs={self.pairs!r}, axis_dim={self.axis_dim}"
         )
