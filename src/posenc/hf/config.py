@@ -55,9 +55,11 @@ class HFRopeConfig:
     base: float
     scaling: RopeScaling
     interleaved: bool = False
+    clockwise: bool = False  # rotate by -theta (NanoChat)
 
     def __post_init__(self) -> None:
         check_bool("interleaved", self.interleaved)
+        check_bool("clockwise", self.clockwise)
 
     def build(
         self,
@@ -75,6 +77,7 @@ class HFRopeConfig:
             interleaved=self.interleaved if interleaved is None else interleaved,
             max_len=max_len,
             length_policy=length_policy,
+            clockwise=self.clockwise,
         )
 
 
@@ -243,7 +246,7 @@ def parse_hf_rope_config(config: object, *, layer_type: str | None = None) -> HF
     scaling, base, rotary_dim = resolve_scaling(
         spec, head_dim=head_dim, base=DEFAULT_BASE, rotary_dim=rotary_dim
     )
-    return HFRopeConfig(head_dim, rotary_dim, base, scaling, _interleaved(cfg, fam))
+    return HFRopeConfig(head_dim, rotary_dim, base, scaling, _interleaved(cfg, fam), fam.clockwise)
 
 
 def rope_from_hf_config(

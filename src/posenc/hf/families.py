@@ -21,7 +21,9 @@ Shapes: ``D`` head_dim, ``R`` rotary dim. One ``Family`` per ``model_type`` says
   rotate), ``"layer_rope_theta"`` (Granite SWA: a base per layer, 0 for NoPE),
   ``"rope_scaling_layers"`` (Molmo 2: the scaling only on the listed layers);
 * ``fields``: the family's own position fields that posenc reads. Any other config field
-  whose name mentions rope/rotary/positions with a value set raises ``ValueError``.
+  whose name mentions rope/rotary/positions with a value set raises ``ValueError``;
+* ``clockwise``: pairs rotate by ``-theta`` (NanoChat's ``rotate_half`` flips the signs;
+  ``RotaryEmbedding(clockwise=True)``).
 
 ``FAMILIES`` is the table; ``family(model_type)`` looks it up and names the way out (pass
 the layout explicitly to ``posenc.RotaryEmbedding``) for a ``model_type`` it lacks.
@@ -51,6 +53,7 @@ class Family:
     scheme: str | None = None
     layers: str | None = None
     fields: frozenset[str] = frozenset()
+    clockwise: bool = False
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -66,6 +69,8 @@ class Family:
             parts.append(self.rotary)
         if self.layers:
             parts.append(self.layers)
+        if self.clockwise:
+            parts.append("clockwise")
         return ", ".join(parts)
 
 
@@ -209,6 +214,7 @@ FAMILIES: dict[str, Family] = {
         Family(layers="layer_rope_theta", fields=frozenset({"layer_rope_theta"})),
     ),
     "esm": Family(fields=frozenset({"position_embedding_type"})),
+    "nanochat": Family(clockwise=True),  # rotate_half with flipped signs: by -theta
     "evolla": Family(fields=frozenset({"position_embedding_type"})),
 }
 

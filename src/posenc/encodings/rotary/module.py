@@ -56,7 +56,7 @@ import torch
 from torch import Tensor
 from torch.utils.hooks import RemovableHandle
 
-from posenc._checks import check_int, check_tensor, resolve_positions
+from posenc._checks import check_bool, check_int, check_tensor, resolve_positions
 from posenc._dtypes import compute_dtype
 from posenc.base import PositionalEncoding, Site, register
 from posenc.encodings.rotary.apply import apply_rope
@@ -115,6 +115,10 @@ class RotaryEmbedding(PositionalEncoding):
         rotary_dim: ``R``, the number of rotated features (default ``D``).
         interleaved: pair layout: False for half-split ``(i, i + R/2)`` (GPT-NeoX, HF
             Llama), True for adjacent ``(2i, 2i + 1)`` (GPT-J, Meta's Llama).
+        clockwise: rotate each pair by ``-theta`` instead of ``theta`` (NanoChat, whose
+            ``rotate_half`` flips the signs): the transpose of the usual rotation, so scores
+            still depend on ``m - n`` only, with the opposite sign. ``cos_sin`` returns the
+            angles' cos and sin either way.
         max_len: cos/sin cache length built up front; longer positions grow it, up to
             ``max(max_len, TABLE_ROWS)`` rows; positions beyond are evaluated directly.
         length_policy: ``"monotone"`` or ``"transformers"`` (module docstring); only
@@ -137,6 +141,7 @@ class RotaryEmbedding(PositionalEncoding):
         interleaved: bool = False,
         max_len: int = 2048,
         length_policy: str = "monotone",
+        clockwise: bool = False,
     ) -> None:
         super().__init__()
         params, base, rotary_dim = resolve_scaling(
@@ -146,6 +151,7 @@ class RotaryEmbedding(PositionalEncoding):
             raise TypeError(f"interleaved must be a bool, got {interleaved!r}")
         self.head_dim, self.rotary_dim, self.base = head_dim, rotary_dim, base
         self.scaling, self.interleaved = params, interleaved
+        self.clockwise = check_bool("clockwise", clockwise)
         self.max_len = check_int("max_len", max_len)
         if length_policy not in LENGTH_POLICIES:
             raise ValueError(
@@ -223,8 +229,10 @@ class RotaryEmbedding(PositionalEncoding):
         current = (state.inv_freq, state.scale)
         previous = cache.rotations.get(id(self))
         if len(cache) and previous is not None and not _same_frequencies(previous, current):
+            sign = -1.0 if self.clockwise else 1.0  # by -theta: the negated frequencies
+            old, new = ((sign * f, scale) for f, scale in (previous, current))
             cache.keys = rerotate_keys(
-                cache.keys, cache.positions, old=previous, new=current, interleaved=self.interleaved
+                cache.keys, cache.positions, old=old, new=new, interleaved=self.interleaved
             )
         cache.rotations[id(self)] = current
 
@@ -363,6 +371,8 @@ class RotaryEmbedding(PositionalEncoding):
         cos_k, sin_k = (cos_q, sin_q) if same else self._cos_sin(state, k_pos, k_dtype)
         cos_q, sin_q = self._modulate(cos_q, sin_q, q_pos, query=True)
         cos_k, sin_k = self._modulate(cos_k, sin_k, k_pos, query=False)
+        if self.clockwise:
+            sin_q, sin_k = -sin_q, -sin_k
         q = apply_rope(q, cos_q, sin_q, interleaved=self.interleaved)
         k = apply_rope(k, cos_k, sin_k, interleaved=self.interleaved)
         return q, k
@@ -409,6 +419,7 @@ class RotaryEmbedding(PositionalEncoding):
 
     def __setstate__(self, state: dict) -> None:
         state.setdefault("length_policy", "monotone")
+        state.setdefault("clockwise", False)
         super().__setstate__(state)
         self._lock = threading.Lock()
 
@@ -416,6 +427,7 @@ class RotaryEmbedding(PositionalEncoding):
         return (
             f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base}, "
             f"scaling={self.scaling}, interleaved={self.interleaved}"
+            + (", clockwise=True" if self.clockwise else "")
             + (f", length_policy={self.length_policy!r}" if self.scaling.length_dependent else "")
         )
 
