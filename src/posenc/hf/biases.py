@@ -1,5 +1,6 @@
 """Attention biases of Hugging Face checkpoints: ALiBi (BLOOM, MPT, Falcon) and T5's
-relative buckets (T5, mT5, UMT5, LongT5, Switch Transformers, Pop2Piano, Pix2Struct).
+relative buckets (T5, mT5, UMT5, LongT5, Switch Transformers, Pop2Piano, Pix2Struct,
+MPNet, UDOP).
 
 Shapes: ``B`` batch, ``H`` heads, ``Tq`` queries, ``Tk`` keys, ``N`` buckets.
 
@@ -18,6 +19,15 @@ T5 buckets (Raffel et al. 2020, sec. 2.1). Every attention module with
 ``bidirectional = not is_decoder`` (always False in Pix2Struct's text decoder). T5, mT5,
 LongT5, Switch Transformers and Pop2Piano hold one table in the first block of each stack,
 shared by its layers; UMT5 holds one per layer (``layer_idx`` picks it).
+
+MPNet (Song et al. 2020) shares one bidirectional table in its encoder and buckets with
+32 buckets and ``max_distance = 128`` whatever its config says (its ``compute_position_bias``
+is called with the defaults), over the token indices ``0 .. T-1`` (padding included,
+unlike its absolute table). UDOP (Tang et al. 2023): the decoder is T5's causal bias from
+the config; the encoder adds the sum of the modules in ``relative_bias_args`` ("1d": T5's
+buckets over token indices with that entry's own ``relative_attention_num_buckets`` and
+``max_distance``; "horizontal" / "vertical": buckets of scaled bounding-box distances).
+posenc builds the 1-D part and refuses configs whose encoder adds the 2-D ones.
 """
 
 from __future__ import annotations
@@ -39,6 +49,7 @@ __all__ = [
     "alibi_from_hf",
     "bias_module",
     "hf_alibi_slopes",
+    "mpnet_bias_from_hf",
     "t5_bias_from_hf",
 ]
 
@@ -54,7 +65,10 @@ T5_FAMILIES = {
     "switch_transformers": False,
     "pop2piano": False,
     "pix2struct_text_model": False,
+    "udop": False,
 }
+
+_UDOP_DEFAULT_BIASES = ({"type": "1d"}, {"type": "horizontal"}, {"type": "vertical"})
 
 
 def _powers_of_base(heads: int, start: int, stop: int, step: int) -> Tensor:
@@ -137,12 +151,52 @@ def t5_bias_from_hf(
     if layer_idx is not None:
         check_int("layer_idx", layer_idx, minimum=0)
     decoder = bool(cfg.get("is_decoder", False)) or model_type == "pix2struct_text_model"
+    if model_type == "udop" and not decoder:
+        return _udop_encoder_bias(cfg)
     return T5RelativeBias(
         _get(cfg, "num_heads", "num_attention_heads"),
         num_buckets=_get(cfg, "relative_attention_num_buckets"),
         max_distance=_get(cfg, "relative_attention_max_distance"),
         bidirectional=not decoder,
     )
+
+
+def _udop_encoder_bias(cfg: Mapping[str, Any]) -> T5RelativeBias:
+    """UDOP's encoder bias when ``relative_bias_args`` is one "1d" entry (T5's buckets)."""
+    args = cfg.get("relative_bias_args") or _UDOP_DEFAULT_BIASES
+    kinds = [a.get("type") if isinstance(a, Mapping) else a for a in args]
+    if kinds != ["1d"]:
+        raise ValueError(
+            f"udop relative_bias_args types {kinds}: the encoder adds every one of them and "
+            "posenc builds only the 1-D one (the horizontal / vertical biases of bounding "
+            "boxes are not built); use relative_bias_args=[{'type': '1d'}] or stack='decoder'"
+        )
+    (entry,) = args
+    for name, plain in (("prefix_bucket", False), ("augmentation", False), ("scaling_factor", 1)):
+        if entry.get(name, plain) != plain:
+            raise ValueError(f"udop relative_bias_args 1d {name}={entry[name]!r} is not built")
+    return T5RelativeBias(
+        _get(cfg, "num_heads", "num_attention_heads"),
+        num_buckets=entry.get("relative_attention_num_buckets", 32),
+        max_distance=entry.get("max_distance", 128),
+        bidirectional=entry.get("bidirectional", True),
+    )
+
+
+def mpnet_bias_from_hf(cfg: Mapping[str, Any]) -> T5RelativeBias:
+    """MPNet's encoder bias: bidirectional T5 buckets, 32 of them, ``max_distance = 128``.
+
+    Raises:
+        ValueError: a ``relative_attention_num_buckets`` other than 32 (MPNet buckets
+            with 32 whatever the table holds), no head count.
+    """
+    buckets = cfg.get("relative_attention_num_buckets", 32)
+    if buckets != 32:
+        raise ValueError(
+            f"mpnet relative_attention_num_buckets={buckets}: MPNet's compute_position_bias "
+            "always uses 32 buckets; posenc builds configs with 32"
+        )
+    return T5RelativeBias(_get(cfg, "num_attention_heads", "num_heads"), num_buckets=32)
 
 
 def bias_module(
