@@ -4,12 +4,21 @@ Every ``transformers.models.<family>.modeling_*`` module that defines a class na
 ``*RotaryEmbedding`` contributes one ``RotaryCase`` per such class, keyed by the
 ``model_type`` of the config class the rotary module takes (its ``__init__`` annotation).
 ``run_case`` builds that config with its defaults (tiny tensors only: the rotary module
-holds ``inv_freq``, nothing sized by ``hidden_size``), rotates random q/k at positions
-``0..T-1`` and at ``OFFSET + 0..T-1`` with the family's own module and
-``apply_rotary_pos_emb``, and with ``posenc.from_hf_config``, and returns the largest
-error relative to the dtype-derived tolerance.
+holds ``inv_freq``, nothing sized by ``hidden_size``), and compares
+``posenc.from_hf_config`` with the family's own module and rotation function, at the
+positions the encoding takes:
 
-Shapes: ``B`` batch, ``H`` heads, ``T`` length, ``D`` head_dim, ``R`` rotary dim.
+* RoPE: q/k at text positions ``0..T-1`` and ``OFFSET + 0..T-1``;
+* M-RoPE (``posenc.MRoPE``, ``A`` axes): q/k at text positions (equal on every axis), at
+  random axis positions ``[A, B, T]`` (0..299, and ``OFFSET`` + that) and at the positions
+  of a text + image + text sequence (``posenc.mrope_position_ids``);
+* 2-D axial (``posenc.AxialRope``, vision towers): cos/sin at random patch positions
+  ``[N, 2]``, and q/k through ``apply_rotary_pos_emb_vision`` where the module has it.
+
+It returns the largest error relative to the dtype-derived tolerance.
+
+Shapes: ``B`` batch, ``H`` heads, ``T`` length, ``N`` patches, ``A`` axes, ``D`` head_dim,
+``R`` rotary dim.
 """
 
 from __future__ import annotations
@@ -34,10 +43,77 @@ from posenc.hf.config import config_family
 OFFSET = 100_000
 LENGTH = 8
 EPS32 = torch.finfo(torch.float32).eps
-# default configs that do not describe a buildable model: the fields of a real checkpoint
+SPAN = 300  # random M-RoPE axis positions 0..SPAN-1 (an image grid's range)
+PATCHES = 64  # random axial patch positions 0..PATCHES-1
+#: a text + image (2 frames of 4 x 6 patches, merged 2 x 2) + text sequence
+MIXED = ([3, (2, 4, 6), 3], 2)
+#: GLM-4V's default sections ([8, 12, 12]) assume the half-rotated 128-feature heads of the
+#: releases
+HALF_ROTARY = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
+#: Qwen3-Omni's text models (thinker, talker): 128-feature heads, interleaved sections
+QWEN3_OMNI_TEXT = {
+    "head_dim": 128,
+    "rope_parameters": {
+        "rope_type": "default",
+        "rope_theta": 1000000.0,
+        "mrope_section": [24, 20, 20],
+        "interleaved": True,
+        "mrope_interleaved": True,
+    },
+}
+# default configs that do not describe a buildable model: the fields of a real checkpoint,
+# by case id or by family (every case of it)
 CONFIG_FIELDS = {
     "glm4_moe": {"head_dim": 128},  # GLM-4.5: 4096 / 96 heads is not its head dim
     "esm": {"position_embedding_type": "rotary"},  # ESM-2 (the default is absolute)
+    "glm4v/Glm4vTextRotaryEmbedding": {"rope_parameters": HALF_ROTARY},
+    "glm_image/GlmImageTextRotaryEmbedding": {"rope_parameters": HALF_ROTARY},
+    "glm4v_moe/Glm4vMoeTextRotaryEmbedding": {"head_dim": 128},
+    "qwen3_omni_moe/Qwen3OmniMoeThinkerTextRotaryEmbedding": QWEN3_OMNI_TEXT,
+    "qwen3_omni_moe/Qwen3OmniMoeTalkerRotaryEmbedding": {
+        "talker_config": {"text_config": QWEN3_OMNI_TEXT}
+    },
+    # Qwen3.5-style: a quarter of the 256-feature head rotates, 11 + 11 + 10 pairs
+    "qwen4_exp/Qwen4ExpTextRotaryEmbedding": {
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10000000.0,
+            "partial_rotary_factor": 0.25,
+            "mrope_section": [11, 11, 10],
+            "mrope_interleaved": True,
+        }
+    },
+    # North (Cohere Compass): M-RoPE on the sliding-window layers, NoPE on the full ones
+    "cohere_compass/CohereCompassRotaryEmbedding": {
+        "num_hidden_layers": 4,
+        "layer_types": ["sliding_attention"] * 3 + ["full_attention"],
+        "rope_parameters": {
+            "sliding_attention": {
+                "rope_type": "default",
+                "rope_theta": 50000.0,
+                "mrope_section": [24, 20, 20],
+                "mrope_interleaved": True,
+            },
+            "full_attention": None,
+        },
+    },
+}
+# the configs a rotary module really receives where its __init__ annotation names another
+# (an Omni model's talker and code predictor): the package's config class and the paths of
+# the sub-configs handed to the module (None: the text config, posenc reading the whole)
+RECEIVES = {
+    "qwen2_5_omni/Qwen2_5OmniRotaryEmbedding": ("Qwen2_5OmniConfig", (None, ("talker_config",))),
+    "qwen3_omni_moe/Qwen3OmniMoeRotaryEmbedding": (
+        "Qwen3OmniMoeConfig",
+        (("talker_config", "code_predictor_config"),),
+    ),
+    "qwen3_omni_moe/Qwen3OmniMoeTalkerRotaryEmbedding": (
+        "Qwen3OmniMoeConfig",
+        (("talker_config", "text_config"),),
+    ),
+    # encoder-decoders: each stack's rotary gets its own sub-config (the whole is refused)
+    "dia/DiaRotaryEmbedding": ("DiaConfig", (("encoder_config",), ("decoder_config",))),
+    "t5gemma/T5GemmaRotaryEmbedding": ("T5GemmaConfig", (("encoder",), ("decoder",))),
 }
 _ROTARY = re.compile(r"^class (\w*RotaryEmbedding)\(", re.M)
 
@@ -55,15 +131,20 @@ class RotaryCase:
     def model_type(self) -> str:
         return self.config_class().model_type
 
+    @property
+    def id(self) -> str:
+        return f"{self.family}/{self.rotary}"
+
     def load(self) -> ModuleType:
         return importlib.import_module(self.module)
 
-    def config_class(self) -> type:
-        module = self.load()
-        found = getattr(module, self.config, None)
+    def config_class(self, name: str | None = None) -> type:
+        """The config class ``name`` (default: the one the rotary's ``__init__`` names)."""
+        name = name or RECEIVES.get(self.id, (self.config,))[0]
+        found = getattr(self.load(), name, None)
         if found is None:
             package = importlib.import_module(self.module.rsplit(".", 1)[0])
-            found = getattr(package, self.config)
+            found = getattr(package, name)
         return found
 
 
@@ -90,7 +171,7 @@ def discover() -> tuple[RotaryCase, ...]:
 
 def case_ids() -> list[str]:
     """``family/RotaryClass`` for each case (stable test ids)."""
-    return [f"{c.family}/{c.rotary}" for c in discover()]
+    return [c.id for c in discover()]
 
 
 def _attention_classes(case: RotaryCase, config_class: type) -> list[type]:
@@ -123,23 +204,40 @@ def hf_head_dim(case: RotaryCase, config, layer_idx: int = 0) -> int | None:
     return None
 
 
-def hf_config(case: RotaryCase):
-    """``(config for posenc, config the family's rotary module receives)``.
+def hf_configs(case: RotaryCase) -> list[tuple]:
+    """``[(config for posenc, config the family's rotary module receives)]``.
 
-    The family's default config, with a random base ``10 ** U(3, 7)`` (seeded by the
-    case) where its ``rope_parameters`` are one flat dict that the config class accepts.
-    A composite model's rotary module gets its text (decoder) sub-config, as the model
-    passes it; posenc gets the whole config and has to find that part itself.
+    The family's default config (with ``CONFIG_FIELDS``), with a random base
+    ``10 ** U(3, 7)`` (seeded by the case) where its ``rope_parameters`` are one flat dict
+    that the config class accepts. A composite model's rotary module gets its text (decoder)
+    sub-config, as the model passes it; posenc gets the whole config and has to find that
+    part itself. The sub-configs of ``RECEIVES`` go to both.
     """
-    cls, fields = case.config_class(), CONFIG_FIELDS.get(case.family, {})
+    cls = case.config_class()
+    fields = CONFIG_FIELDS.get(case.id, CONFIG_FIELDS.get(case.family, {}))
     config = cls(**fields)
     params = getattr(config, "rope_parameters", None)
     if isinstance(params, dict) and isinstance(params.get("rope_theta"), float):
         rng = random.Random(zlib.crc32(case.rotary.encode()))
         theta = round(10 ** rng.uniform(3, 7))
         with contextlib.suppress(TypeError, ValueError):  # else the class's own default
-            config = cls(**fields, rope_parameters={**params, "rope_theta": float(theta)})
-    return config, config.get_text_config(decoder=True)
+            rope = {**params, "rope_theta": float(theta)}
+            config = cls(**{**fields, "rope_parameters": rope})
+    pairs = []
+    for path in RECEIVES.get(case.id, (None, (None,)))[1]:
+        if path is None:
+            pairs.append((config, config.get_text_config(decoder=True)))
+            continue
+        sub = config
+        for name in path:
+            sub = getattr(sub, name)
+        pairs.append((sub, sub))
+    return pairs
+
+
+def hf_config(case: RotaryCase):
+    """The first ``(config for posenc, config the rotary module receives)`` of the case."""
+    return hf_configs(case)[0]
 
 
 _CALL = re.compile(r"\b(apply_\w*rot\w*)\(")
@@ -224,9 +322,8 @@ def permuted(case: RotaryCase, config, x: torch.Tensor, width: int) -> torch.Ten
     return torch.cat([rotated, x[..., width:]], -1)
 
 
-def run_case(case: RotaryCase, *, seed: int = 0) -> Outcome:
-    """Compare posenc with the family's own rotation on every distinct layer of the config."""
-    config, sub = hf_config(case)
+def _layers(config, sub) -> list[tuple]:
+    """``(layer_type, posenc encoding, layer index)`` of each distinct rotating layer."""
     kinds = getattr(sub, "layer_types", None)
     per_layer = kinds or config_family(config)[1].layers
     plan = posenc.hf.layer_plan(config) if per_layer else None
@@ -236,31 +333,84 @@ def run_case(case: RotaryCase, *, seed: int = 0) -> Outcome:
             kind = kinds[index] if kinds and plan else None
             key = (kind, getattr(encoding, "base", None), type(encoding))
             layers.setdefault(key, (kind, encoding, index))
-    worst = Outcome(math.inf, "no layer with positions compared")
-    for layer_type, ours, index in layers.values():
-        worst.error = 0.0 if worst.error == math.inf else worst.error
-        dim = hf_head_dim(case, sub, index) or ours.head_dim
-        if ours.head_dim == getattr(sub, "qk_rope_head_dim", None):
-            dim = ours.head_dim  # MLA: posenc rotates the rotary part of the head alone
-        base = float(getattr(ours, "base", 1e4))
-        scale = max(float(getattr(ours, "attention_scale", 1.0)), 1.0)
-        gen = torch.Generator().manual_seed(seed)
-        for first in (0, OFFSET):
-            positions = first + torch.arange(LENGTH).expand(2, LENGTH)  # [B, T]
-            q = torch.randn(2, 4, LENGTH, dim, generator=gen)
-            k = torch.randn(2, 2, LENGTH, dim, generator=gen)
-            if not isinstance(ours, posenc.RotaryEmbedding):
-                positions = positions.expand(3, 2, LENGTH)  # M-RoPE: text on all three axes
-            q_hf, k_hf = hf_rotate(case, sub, q, k, positions, layer_type)
-            rotated = ours.rotate(q, k, positions, positions)
+    return list(layers.values())
+
+
+def _positions(ours, first: int, gen: torch.Generator):
+    """``(name, positions for posenc, positions for the family's module)`` from ``first``."""
+    text = first + torch.arange(LENGTH).expand(2, LENGTH)  # [B, T]
+    axes = getattr(ours, "num_axes", None)
+    if axes is None:
+        yield "text", text, text
+        return
+    # posenc: text positions [T]; transformers: the same on every axis
+    yield "text", text[0], text.expand(axes, 2, LENGTH)
+    random_axes = first + torch.randint(0, SPAN, (axes, 2, LENGTH), generator=gen)
+    yield "random axes", random_axes, random_axes
+    mixed = posenc.mrope_position_ids(MIXED[0], spatial_merge_size=MIXED[1])[0][-axes:]
+    mixed = first + mixed[:, None].expand(axes, 2, -1)  # NeoMME: the (row, column) axes
+    yield "text+image", mixed, mixed
+
+
+def _compare_rotary(case, sub, ours, layer_type, index, seed):
+    """Errors (in tolerances) of posenc's q/k against the family's own rotation."""
+    dim = hf_head_dim(case, sub, index) or ours.head_dim
+    if ours.head_dim == getattr(sub, "qk_rope_head_dim", None):
+        dim = ours.head_dim  # MLA: posenc rotates the rotary part of the head alone
+    base = float(getattr(ours, "base", getattr(getattr(ours, "rope", None), "base", 1e4)))
+    scale = max(float(getattr(ours, "attention_scale", 1.0)), 1.0)
+    gen = torch.Generator().manual_seed(seed)
+    for first in (0, OFFSET):
+        for name, mine_pos, hf_pos in _positions(ours, first, gen):
+            length = mine_pos.shape[-1]
+            q = torch.randn(2, 4, length, dim, generator=gen)
+            k = torch.randn(2, 2, length, dim, generator=gen)
+            q_hf, k_hf = hf_rotate(case, sub, q, k, hf_pos, layer_type)
+            rotated = ours.rotate(q, k, mine_pos, mine_pos)
             width = getattr(ours, "rotary_dim", dim)
             q_ours, k_ours = (permuted(case, sub, x, width) for x in rotated)
             # transformers forms inv_freq and angles in float32: an angle carries about
             # |angle| (1 + ln base) eps32, the rotated value that times |x| (8 roundings floor)
-            angle = first + LENGTH
+            angle = float(mine_pos.max()) + 1
             tol = EPS32 * (8 + angle * (1 + math.log(base))) * scale
             for mine, theirs, x in ((q_ours, q_hf, q), (k_ours, k_hf, k)):
                 error = float((mine - theirs).abs().max()) / (tol * float(x.abs().max()))
+                yield error, f"layer_type={layer_type} {name} positions, first={first}"
+
+
+def _compare_axial(case, sub, ours):
+    """Errors (in tolerances) of posenc's axial cos/sin and q/k at random patch positions."""
+    module = case.load()
+    rotary = getattr(module, case.rotary)(sub)
+    pos = torch.randint(0, PATCHES, (24, 2), generator=torch.Generator().manual_seed(0))
+    cos, sin = rotary(torch.zeros(1), pos)  # [N, D]: the pair angles, twice
+    tol = EPS32 * (8 + PATCHES * (1 + math.log(ours.base)))
+    ours_cos, ours_sin = ours.cos_sin(pos, dtype=torch.float32)  # [N, D/2]
+    for theirs, mine in ((cos, ours_cos), (sin, ours_sin)):
+        yield float((theirs.float() - mine.repeat(1, 2)).abs().max()) / tol, "patch cos/sin"
+    apply = getattr(module, "apply_rotary_pos_emb_vision", None)
+    if apply is not None:
+        gen = torch.Generator().manual_seed(1)
+        q = torch.randn(1, 3, 24, ours.head_dim, generator=gen)
+        k = torch.randn(1, 3, 24, ours.head_dim, generator=gen)
+        want = apply(q[0].transpose(0, 1), k[0].transpose(0, 1), cos, sin)  # [N, H, D]
+        for got, theirs in zip(ours.rotate(q, k, pos, pos), want, strict=True):
+            error = float((got[0] - theirs.transpose(0, 1)).abs().max()) / (4 * tol)
+            yield error, "patch q/k"
+
+
+def run_case(case: RotaryCase, *, seed: int = 0) -> Outcome:
+    """Compare posenc with the family's own rotation on every distinct layer of the config
+    (of each config in ``RECEIVES``), at the positions its encoding takes."""
+    worst = Outcome(math.inf, "no layer with positions compared")
+    for config, sub in hf_configs(case):
+        for layer_type, ours, index in _layers(config, sub):
+            worst.error = 0.0 if worst.error == math.inf else worst.error
+            if isinstance(ours, posenc.AxialRope):
+                found = _compare_axial(case, sub, ours)
+            else:
+                found = _compare_rotary(case, sub, ours, layer_type, index, seed)
+            for error, detail in found:
                 if error >= worst.error:
-                    worst = Outcome(error, f"layer_type={layer_type} first={first}")
+                    worst = Outcome(error, f"{type(ours).__name__} {detail}")
     return worst

@@ -60,9 +60,22 @@ def mrope_pair_axes(mrope_section: Sequence[int], *, mrope_interleaved: bool = F
     return axes
 
 
-def _has_axes(positions: Tensor) -> bool:
-    """Validated positions carry the axis dimension (``[3, T]`` or ``[3, B, T]``)."""
-    return positions.dim() == 3 or (positions.dim() == 2 and positions.shape[0] == AXES)
+def _has_axes(positions: Tensor, axes: int = AXES) -> bool:
+    """Validated positions carry the axis dimension (``[A, T]`` or ``[A, B, T]``)."""
+    return positions.dim() == 3 or (positions.dim() == 2 and positions.shape[0] == axes)
+
+
+def _pair_axes(pair_axes: Sequence[int], num_axes: int, pairs: int) -> Tensor:
+    """Validate an explicit axis per pair: ``pairs`` integers in ``[0, num_axes)``."""
+    if isinstance(pair_axes, (str, bytes)) or not isinstance(pair_axes, Sequence):
+        raise TypeError(f"pair_axes must be a list of integers, got {pair_axes!r}")
+    axes = [check_int(f"pair_axes[{i}]", a, minimum=0) for i, a in enumerate(pair_axes)]
+    if len(axes) != pairs or any(a >= num_axes for a in axes):
+        raise ValueError(
+            f"pair_axes must give each of the {pairs} pairs an axis in [0, {num_axes}), "
+            f"got {len(axes)} entries {sorted(set(axes))}"
+        )
+    return torch.tensor(axes, dtype=torch.int64)
 
 
 def _sections(mrope_section: Sequence[int]) -> tuple[int, int, int]:
@@ -92,14 +105,21 @@ class MRoPE(PositionalEncoding):
         rotary_dim: ``R`` (default ``D``; GLM-4V rotates half the head).
         interleaved: pair layout: False half-split (Qwen), True adjacent (GLM-4V).
         mrope_interleaved: interleaved sections (Qwen3-VL) instead of blocks.
+        pair_axes: instead of sections, the axis of each of the ``R/2`` pairs, in
+            ``[0, num_axes)`` (ERNIE 4.5-VL alternates height and width pairs; NeoMME's
+            two axes row and column alternate); ``mrope_section`` is then their count per axis.
+        num_axes: ``A``, the position axes (positions ``[A, T]`` / ``[A, B, T]``); 3 unless
+            ``pair_axes`` says otherwise.
         max_len: cos/sin cache length built up front.
 
     Raises:
-        ValueError: sections that do not sum to ``R/2``; a length-dependent scaling; the
-            errors of ``RotaryEmbedding``.
+        ValueError: sections that do not sum to ``R/2``; both sections and ``pair_axes``;
+            ``pair_axes`` of another length or outside ``[0, num_axes)``; a
+            length-dependent scaling; the errors of ``RotaryEmbedding``.
     """
 
     sites = Site.QK
+    position_shape = "[A, T]"
 
     def __init__(
         self,
@@ -111,6 +131,8 @@ class MRoPE(PositionalEncoding):
         rotary_dim: int | None = None,
         interleaved: bool = False,
         mrope_interleaved: bool = False,
+        pair_axes: Sequence[int] | None = None,
+        num_axes: int = AXES,
         max_len: int = 2048,
     ) -> None:
         super().__init__()
@@ -129,7 +151,26 @@ class MRoPE(PositionalEncoding):
             )
         if not isinstance(mrope_interleaved, bool):
             raise TypeError(f"mrope_interleaved must be a bool, got {mrope_interleaved!r}")
+        self.head_dim, self.mrope_interleaved = head_dim, mrope_interleaved
+        self.num_axes = check_int("num_axes", num_axes, minimum=2)
+        if pair_axes is None:
+            self.mrope_section = self._sections_of(mrope_section)
+            self._axes = mrope_pair_axes(self.mrope_section, mrope_interleaved=mrope_interleaved)
+        elif mrope_section is not None or mrope_interleaved:
+            raise ValueError(
+                "pass either pair_axes or mrope_section / mrope_interleaved, got "
+                f"mrope_section={mrope_section!r}, mrope_interleaved={mrope_interleaved}"
+            )
+        else:
+            self._axes = _pair_axes(pair_axes, self.num_axes, self.rope.rotary_dim // 2)
+            self.mrope_section = tuple(torch.bincount(self._axes, minlength=num_axes).tolist())
+
+    def _sections_of(self, mrope_section: Sequence[int] | None) -> tuple[int, ...]:
         pairs = self.rope.rotary_dim // 2
+        if self.num_axes != AXES:
+            raise ValueError(
+                f"mrope_section places pairs on 3 axes; num_axes={self.num_axes} needs pair_axes"
+            )
         if mrope_section is None:
             spatial = 3 * pairs // 8
             mrope_section = (pairs - 2 * spatial, spatial, spatial)
@@ -139,37 +180,38 @@ class MRoPE(PositionalEncoding):
                 f"mrope_section {list(sections)} sums to {sum(sections)}, but the rotary "
                 f"half has {pairs} pairs (rotary_dim={self.rope.rotary_dim})"
             )
-        self.head_dim, self.mrope_section = head_dim, sections
-        self.mrope_interleaved = mrope_interleaved
-        self._axes = mrope_pair_axes(sections, mrope_interleaved=mrope_interleaved)
+        return sections
 
     def axis_positions(self, positions: Tensor, length: int, batch: int, name: str) -> Tensor:
-        """Validate ``positions``: ``[3, T]`` / ``[3, B|1, T]`` returned as they are; text
-        positions ``[T]`` / ``[B|1, T]`` (a leading 3 only as ``[3, T]``) are returned too.
+        """Validate ``positions``: ``[A, T]`` / ``[A, B|1, T]`` returned as they are; text
+        positions ``[T]`` / ``[B|1, T]`` (a leading ``A`` only as ``[A, T]``) are returned too.
 
         Raises:
-            ValueError: a shape of another rank or length; ``[3, T]`` when the batch is 3.
+            ValueError: a shape of another rank or length; ``[A, T]`` when the batch is ``A``.
         """
+        axes = self.num_axes
         check_positions(positions, name)
         shape = tuple(positions.shape)
         if not shape or shape[-1] != length or positions.dim() > 3:
             raise ValueError(
-                f"M-RoPE {name} must be [3, T], [3, B, T], [T] or [B, T] with T = {length}, "
-                f"got shape {shape}"
+                f"M-RoPE {name} must be [{axes}, T], [{axes}, B, T], [T] or [B, T] with "
+                f"T = {length}, got shape {shape}"
             )
-        if positions.dim() == 3 and (shape[0] != AXES or shape[1] not in (1, batch)):
+        if positions.dim() == 3 and (shape[0] != axes or shape[1] not in (1, batch)):
             raise ValueError(
-                f"M-RoPE {name} of rank 3 must be [3, B, T] with B = {batch}, got shape {shape}"
+                f"M-RoPE {name} of rank 3 must be [{axes}, B, T] with B = {batch}, got shape "
+                f"{shape}"
             )
         if positions.dim() == 2:
-            if shape[0] == AXES and batch == AXES:
+            if shape[0] == axes and batch == axes:
                 raise ValueError(
-                    f"M-RoPE {name} of shape {shape} is ambiguous with batch 3: pass "
-                    "[3, B, T] (time, height, width) or [T] (text)"
+                    f"M-RoPE {name} of shape {shape} is ambiguous with batch {axes}: pass "
+                    f"[{axes}, B, T] (one row per axis) or [T] (text)"
                 )
-            if shape[0] not in (AXES, 1, batch):
+            if shape[0] not in (axes, 1, batch):
                 raise ValueError(
-                    f"M-RoPE {name} must be [3, T] or [B, T] with B = {batch}, got shape {shape}"
+                    f"M-RoPE {name} must be [{axes}, T] or [B, T] with B = {batch}, got shape "
+                    f"{shape}"
                 )
         return positions
 
@@ -178,19 +220,19 @@ class MRoPE(PositionalEncoding):
     ) -> tuple[Tensor | None, Tensor | None]:
         """Split the positions given to ``MultiHeadAttention``: ``(token, rotary)``.
 
-        Axis positions ``[3, T]`` / ``[3, B, T]`` rotate, and the tokens are ordered (masked
+        Axis positions ``[A, T]`` / ``[A, B, T]`` rotate, and the tokens are ordered (masked
         and cached) by their index; text positions serve both, as for any encoding.
         """
         positions = self.axis_positions(positions, length, batch, "positions")
-        if _has_axes(positions):
+        if _has_axes(positions, self.num_axes):
             return None, positions
         return positions, None
 
     def cos_sin(self, positions: Tensor, *, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """``(cos, sin)`` ``[T, R/2]`` or ``[B, T, R/2]`` of validated ``positions``."""
         cos, sin = self.rope.cos_sin(positions, dtype=compute_dtype(dtype))
-        if not _has_axes(positions):
-            return cos, sin  # text: the three axes agree
+        if not _has_axes(positions, self.num_axes):
+            return cos, sin  # text: the axes agree
         axes = self._axes.to(cos.device).expand(1, *cos.shape[1:])  # [1, (B,) T, R/2]
         return cos.gather(0, axes).squeeze(0), sin.gather(0, axes).squeeze(0)
 
