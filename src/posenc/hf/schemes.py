@@ -8,11 +8,19 @@ vision part) the way the family's own modeling code does:
 scheme             families (transformers 5.23)                            encoding
 ================== ======================================================= ==============
 proportional       Gemma 4 (``rope_type: proportional`` full layers)       RotaryEmbedding
-mrope              Qwen2-VL, Qwen2.5-VL (sections in blocks, half-split)   MRoPE
-mrope_interleaved  Qwen3-VL, Cosmos 3 Edge (cyclic sections, half-split)   MRoPE
-qwen3_5_mrope      Qwen3.5 (cyclic sections, partial rotary)               MRoPE
-glm4v_mrope        GLM-4V (blocks, adjacent pairs, partial rotary)         MRoPE
+mrope              Qwen2-VL, Qwen2.5-VL, Qwen2.5-Omni thinker and talker  MRoPE
+                   (sections in blocks, half-split)
+mrope_interleaved  Qwen3-VL, Cosmos 3 Edge, Qwen3-Omni thinker and talker, MRoPE
+                   Cohere Compass (cyclic sections, half-split; NoPE
+                   layer types)
+qwen3_5_mrope      Qwen3.5, Qwen4-Exp (cyclic sections, partial rotary)    MRoPE
+glm4v_mrope        GLM-4V, GLM-OCR (blocks, adjacent pairs, partial)       MRoPE
 glm_mrope          GLM-4.5V, GLM-Image (blocks, half-split, partial rotary) MRoPE
+ernie_mrope        ERNIE 4.5-VL (``mrope_section`` = (h, w, t), h == w:    MRoPE
+                   the first 2h pairs alternate height, width, the rest
+                   follow time; adjacent pairs; default frequencies only)
+neomme_mrope       NeoMME (two axes: pairs alternate row, column;          MRoPE
+                   positions ``[2, T]``; half-split, partial per layer type)
 axial              Qwen-VL / GLM-4V vision towers (shared frequencies)     AxialRope
 axial_alternating  Pixtral (even frequencies rows, odd columns)            AxialRope
 dinov3             DINOv3 ViT (patch-center coordinates, prefix tokens),   AxialRope
@@ -29,15 +37,18 @@ temperature        Ministral 3 (RoPE), Mistral 4 (MLA): + query temperature Comp
                    Llama 4 NoPE layers (``attn_temperature_tuning``)       PositionTemperature
 ================== ======================================================= ==============
 
-A composite model's config is read through its ``text_config`` (``vision_config`` for the
-vision schemes). Read fields: ``rope_parameters`` (v5) or ``rope_scaling`` (v4) with
-``rope_theta`` inside or at the top level; per-layer-type dicts need ``layer_type``;
-M-RoPE's ``mrope_section`` (default the family's: ``[16, 24, 24]``, ``[24, 20, 20]``,
-``[11, 11, 10]``, ``[8, 12, 12]``), ``mrope_interleaved`` (must agree with the scheme) and
-``partial_rotary_factor`` (in the dict or at the top level); the legacy ``type: "mrope"``
-means the default frequencies. Any other key of the rope dict goes to the frequency scaling, which
-raises on a key it does not know (never ignored). Head dims: ``head_dim``, else
-``hidden_size // num_attention_heads`` (vision: ``embed_dim // num_heads`` when present);
+A composite model's config is read through its ``text_config`` (an Omni model's through
+``thinker_config``, then its ``text_config``; ``vision_config`` for the vision schemes).
+Read fields: ``rope_parameters`` (v5) or ``rope_scaling`` (v4) with ``rope_theta`` inside
+or at the top level; per-layer-type dicts need ``layer_type``; M-RoPE's ``mrope_section``
+(default the family's: ``[16, 24, 24]``, ``[24, 20, 20]``, ``[11, 11, 10]``,
+``[8, 12, 12]``, ERNIE's ``[22, 22, 20]``), ``mrope_interleaved`` and Qwen3-Omni's
+``interleaved`` (must agree with the scheme) and ``partial_rotary_factor`` (in the dict or
+at the top level); a layer type whose rope parameters are None is NoPE; the legacy
+``type: "mrope"`` means the default frequencies. Any other key of the rope dict goes to the
+frequency scaling, which raises on a key it does not know (never ignored). Head dims:
+``head_dim``, else ``hidden_size // num_attention_heads`` (vision: ``embed_dim //
+num_heads`` when present);
 Gemma 4 layers with their own ``head_dim`` in ``per_layer_config``. DINOv3's
 training-time coordinate augmentation (``pos_embed_shift`` / ``jitter`` / ``rescale``) is
 not applied: it is the eval-mode encoding.
