@@ -37,7 +37,7 @@ def _names(values: list[object]) -> tuple[str, ...]:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from posenc.lab.config import DEFAULT_ENCODINGS, LabConfig, quick_defaults
+    from posenc.lab.config import DEFAULT_ENCODINGS, LEARNED, LabConfig, quick_defaults
 
     p = sub.add_parser(
         "lab",
@@ -94,6 +94,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         if key in quick:
             default += f", --quick {quick[key]}"
         p.add_argument(flag, dest=key, type=kind, metavar=metavar, help=f"{text} ({default})")
+    p.add_argument(
+        "--max-steps",
+        type=int,
+        metavar="N",
+        help="tasks: train on past --steps, in rounds, until exact match at the training "
+        f"length reaches {100 * LEARNED:g}%% on held-out examples, at most N steps "
+        "(default 4 x --steps)",
+    )
     p.add_argument(
         "--eval-stride",
         type=int,
@@ -184,7 +192,7 @@ def config_from_args(args: argparse.Namespace):
     values: dict[str, object] = {"task": task}
     if args.quick:
         values.update(quick_defaults(task))
-    keys = ("corpus", "train_len", "steps", "batch_size", "lr", "warmup", "d_model",
+    keys = ("corpus", "train_len", "steps", "max_steps", "batch_size", "lr", "warmup", "d_model",
             "num_layers", "num_heads", "eval_tokens", "eval_examples", "eval_stride",
             "finetune_steps", "finetune_len", "learned_beyond", "dynamic_factor",
             "t5_max_distance")  # fmt: skip

@@ -36,6 +36,7 @@ from posenc.base import available, info
 __all__ = [
     "DEFAULT_ENCODINGS",
     "DEFAULT_SEEDS",
+    "LEARNED",
     "QUICK_ENCODINGS",
     "SCALINGS",
     "TASKS",
@@ -55,6 +56,8 @@ SCALINGS = ("linear", "ntk", "dynamic", "yarn")
 #: ``lm`` is next-byte prediction on text; the others are synthetic (see ``posenc.lab.tasks``).
 TASKS = ("lm", "copy", "reverse", "recall", "passkey")
 _BEYOND = ("error", "interpolate")
+#: In-distribution exact match a synthetic task needs to count as learned.
+LEARNED = 0.9
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,9 @@ class LabConfig:
         corpus: a UTF-8 text file or folder; ``None`` means the standard library sources.
         train_len: training window length in tokens.
         eval_lens: evaluation lengths, each ``>= train_len``.
-        steps: optimizer steps per model.
+        steps: optimizer steps per model (synthetic tasks: at least this many).
+        max_steps: synthetic tasks only: the cap on training in rounds past ``steps``
+            until the task is learned (``None``: ``4 * steps``; see ``step_cap``).
         batch_size: windows per step (the global batch, split across processes).
         lr: peak AdamW learning rate (linear warmup, then cosine decay to ``lr / 10``).
         warmup: warmup steps.
@@ -97,6 +102,7 @@ class LabConfig:
     train_len: int = 64
     eval_lens: tuple[int, ...] = (64, 128, 256, 512, 1024)
     steps: int = 300
+    max_steps: int | None = None
     batch_size: int = 48
     lr: float = 3e-3
     warmup: int = 30
@@ -129,6 +135,13 @@ class LabConfig:
         for name in ("eval_tokens", "eval_examples"):
             check_int(name, getattr(self, name))
         check_int("warmup", self.warmup, minimum=0)
+        if self.max_steps is not None:
+            if self.task == "lm":
+                raise ValueError(
+                    "max_steps applies to synthetic tasks only (text trains for --steps); "
+                    f"got max_steps={self.max_steps} with task 'lm'"
+                )
+            check_int("max_steps", self.max_steps, minimum=self.steps)
         check_int("finetune_steps", self.finetune_steps, minimum=0)
         if not self.seeds:
             raise ValueError("no seeds to run")
@@ -201,6 +214,12 @@ class LabConfig:
         return self.finetune_len or 4 * self.train_len
 
     @property
+    def step_cap(self) -> int | None:
+        """Synthetic tasks: the most steps a model trains for (``max_steps`` or ``4 *
+        steps``); text: ``None``, it trains for exactly ``steps``."""
+        return None if self.task == "lm" else self.max_steps or 4 * self.steps
+
+    @property
     def t5_distance(self) -> int:
         """T5's ``max_distance``: ``t5_max_distance``, else ``train_len`` (at least 32, as
         32 buckets keep 16 exact ones below it)."""
@@ -216,6 +235,9 @@ class LabConfig:
         for key in ("encodings", "seeds", "quick", "corpus"):
             kept.pop(key)
         kept["corpus_sha256"] = corpus_sha256
+        kept.pop("max_steps")
+        if self.task != "lm":
+            kept["max_steps"] = self.step_cap  # the default and its value are one sweep
         return kept
 
     def identity_hash(self, corpus_sha256: str | None) -> str:

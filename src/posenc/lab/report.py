@@ -5,7 +5,8 @@ Shapes: one row per trained model and per evaluation-time variant (a rotary scal
 interpolated learned table, a fine-tune), one column per evaluation length; each cell the
 mean over seeds with its 95 % interval (``posenc.lab.stats``). Text runs show per-byte
 perplexity (lower is better), synthetic tasks exact-match accuracy (higher is better).
-The figures are drawn by ``posenc.lab.plots``.
+Synthetic tasks also list the steps each run took to learn the task in distribution
+(``steps_to_learn``; ``posenc.lab.runs``). The figures are drawn by ``posenc.lab.plots``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from rich.table import Table
 from posenc.lab import stats
 from posenc.lab.plots import figure_names
 
-__all__ = ["conclusions", "markdown", "print_table", "table_cells"]
+__all__ = ["conclusions", "markdown", "print_table", "steps_to_learn", "table_cells"]
 
 _METRIC_TITLE = {
     "ppl": "per-byte perplexity on held-out text (lower is better)",
@@ -58,6 +59,27 @@ def table_cells(results: dict) -> list[tuple[str, list[str]]]:
     return out
 
 
+def steps_to_learn(results: dict) -> str | None:
+    """Synthetic tasks: how the models were trained and the steps each run took to learn
+    the task (``None`` for text, or for runs from before training until learned)."""
+    config = results["config"]
+    runs = [r for r in results["runs"] if r["status"] == "ok" and "steps_to_learn" in r]
+    if config["task"] == "lm" or not runs:
+        return None
+    train = runs[0]["train"]
+    each = ", ".join(
+        f"{run['encoding']} (seed {run['seed']}) "
+        + (f"{run['steps_to_learn']}" if run["learned"] else f"not learned by {train['max_steps']}")
+        for run in runs
+    )
+    return (
+        f"Trained until learned: from step {config['steps']} on, exact match at the training "
+        f"length on held-out examples checked every {train['check_every']} steps until it "
+        f"reaches {100 * train['learned_at']:g}% or {train['max_steps']} steps. "
+        f"Steps to learn: {each}."
+    )
+
+
 def _title(results: dict) -> str:
     config = results["config"]
     seeds = len(results["seeds"])
@@ -76,6 +98,9 @@ def print_table(results: dict, console: Console) -> None:
     for label, row in table_cells(results):
         table.add_row(label, *row)
     console.print(table)
+    learning = steps_to_learn(results)
+    if learning is not None:
+        console.print(learning)
     if results.get("quick"):
         console.print(f"[bold]{SMOKE}[/bold]")
 
@@ -143,6 +168,9 @@ def markdown(results: dict) -> str:
         f"{config['num_heads']} heads, {config['steps']} steps of {config['batch_size']} "
         f"windows of {config['train_len']} tokens; seeds {seeds}.",
     ]
+    learning = steps_to_learn(results)
+    if learning is not None:
+        lines.append(learning)
     if "sha256" in data:
         lines.append(
             f"Corpus: {data['source']} ({len(data['train_files'])} training files, "
@@ -182,7 +210,10 @@ def _notes(results: dict) -> list[str]:
             notes.append(f"{where}: {run['status']}: {run.get('error')}")
             continue
         if run.get("learned") is False:
-            notes.append(f"{where}: the task was not learned at the training length")
+            notes.append(
+                f"{where}: the task was not learned at the training length "
+                f"in {run['train']['steps']} steps"
+            )
         for row in run["rows"]:
             if row["notes"] and run["seed"] == results["seeds"][0]:
                 lengths = ", ".join(row["notes"])

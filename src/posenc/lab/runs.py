@@ -6,8 +6,14 @@ for every encoding), evaluates it at every evaluation length, evaluates its vari
 rotary encodings with ``finetune_steps``, the fine-tuned rows of Chen et al. 2023's
 protocol: the model fine-tuned at ``finetune_len`` unscaled (``+ft``) and under each of
 ``finetune_scalings`` at the fixed factor ``finetune_len / train_len`` (``+linear +ft``),
-every row evaluated at every length. A synthetic task not learned at the training length
-(exact match below ``LEARNED``) is marked ``"learned": false`` and reported as such.
+every row evaluated at every length.
+
+A synthetic task trains until it is learned in distribution: past ``steps``, in rounds of
+``steps / ROUNDS`` steps, until its exact match at the training length, on the held-out
+examples the final evaluation scores at that length (fixed by the seed, never the
+training batches), reaches ``LEARNED``, or until ``max_steps``. The record keeps
+``steps_to_learn`` (``None`` at the cap) and every check in ``train.checks``; a task not
+learned is marked ``"learned": false`` and reported as such, never as a result.
 """
 
 from __future__ import annotations
@@ -20,18 +26,18 @@ import torch
 from rich.progress import Progress
 from torch import nn
 
-from posenc.lab.config import LabConfig
+from posenc.lab.config import LEARNED, LabConfig
 from posenc.lab.distributed import Context
 from posenc.lab.model import TinyLM
 from posenc.lab.results import run_environment, write_weights
-from posenc.lab.train import NonFiniteLoss, train
+from posenc.lab.train import NonFiniteLoss, Until, train
 from posenc.lab.variants import Variant, build_encoding, is_rotary, variants
 from posenc.lab.workload import Workload
 
-__all__ = ["LEARNED", "Runner", "run_name"]
+__all__ = ["LEARNED", "ROUNDS", "Runner", "run_name"]
 
-#: In-distribution exact match a synthetic task needs to count as learned.
-LEARNED = 0.9
+#: Past ``steps``, a task's exact match is checked every ``steps // ROUNDS`` steps.
+ROUNDS = 4
 
 
 def run_name(encoding: str, seed: int) -> str:
@@ -57,7 +63,8 @@ class Runner:
     def _train(self, model: nn.Module, label: str, length: int, steps: int, seed: int, **opts):
         config = self.config
         batch = max(1, config.batch_size * config.train_len // length)
-        task = self.progress.add_task(label, total=steps, loss=float("nan"))
+        total = opts["until"].max_steps if opts.get("until") else steps
+        task = self.progress.add_task(label, total=total, loss=float("nan"))
         return train(
             model,
             self.work.sampler(length, 2 * seed + (length != config.train_len)),
@@ -142,6 +149,15 @@ class Runner:
         self, name: str, seed: int, model: TinyLM, record: dict, start: tuple[float, float]
     ) -> dict:
         config = self.config
+        checks: list[list[float]] = []  # [step, exact match at the training length]
+
+        def check(step: int) -> bool:
+            checks.append([step, self.work.evaluate(model, config.train_len, seed)["accuracy"]])
+            return checks[-1][1] >= LEARNED
+
+        until = None
+        if config.step_cap is not None:
+            until = Until(check, config.step_cap, max(1, config.steps // ROUNDS))
         result = self._train(
             model,
             f"{name} s{seed}",
@@ -150,6 +166,7 @@ class Runner:
             seed,
             lr=config.lr,
             warmup=config.warmup,
+            until=until,
         )
         record["train"] = {
             "steps": result.steps,
@@ -160,6 +177,13 @@ class Runner:
             "final_loss": result.final_loss,
             "curve": result.curve,
         }
+        if until is not None:
+            record["train"].update(
+                max_steps=until.max_steps,
+                check_every=until.every,
+                learned_at=LEARNED,
+                checks=checks,
+            )
         stem = run_name(name, seed)
         if self.context.is_main:  # the trained weights, e.g. for `posenc show --table`
             write_weights(self.out / "runs" / f"{stem}.pt", model)
@@ -181,6 +205,7 @@ class Runner:
         if self.work.metric == "accuracy":
             at_train = base["results"][str(config.train_len)]
             record["learned"] = at_train is not None and at_train["accuracy"] >= LEARNED
+            record["steps_to_learn"] = result.steps if record["learned"] else None
         record.update(
             status="ok",
             error=None,

@@ -44,6 +44,7 @@ OPTIONS: dict[str, tuple[str, type | tuple[type, ...]]] = {
     "train_len": ("train_len", int),
     "eval_lens": ("eval_lens", list),
     "steps": ("steps", int),
+    "max_steps": ("max_steps", int),
     "batch_size": ("batch_size", int),
     "lr": ("lr", (int, float)),
     "warmup": ("warmup", int),

@@ -5,6 +5,12 @@ returns the *global* batch ``(inputs [B, T], targets [B, T])`` (targets ``-100``
 scored); each process trains on its shard. The loss is the sum over the shard divided by
 the global count of scored tokens (times the process count, which DDP's gradient
 averaging divides out), so one process and several follow the same gradients.
+
+With ``until`` (synthetic tasks) training goes on past ``steps`` in rounds: at step
+``steps`` and every ``until.every`` steps after it (and at ``until.max_steps``) the model
+is scored by ``until.done`` in eval mode, and training stops once that returns true.
+Past ``steps`` the learning rate stays at the schedule's floor, ``lr / 10``, with the same
+optimizer state, so the first ``steps`` are exactly those of a run without ``until``.
 """
 
 from __future__ import annotations
@@ -21,7 +27,15 @@ from torch import Tensor, nn
 from posenc.lab.distributed import Context
 from posenc.lab.tasks import IGNORE, Task
 
-__all__ = ["NonFiniteLoss", "TaskStream", "TextWindows", "TrainResult", "lr_at", "train"]
+__all__ = [
+    "NonFiniteLoss",
+    "TaskStream",
+    "TextWindows",
+    "TrainResult",
+    "Until",
+    "lr_at",
+    "train",
+]
 
 #: At most this many (step, loss) points are kept for the results file.
 _CURVE_POINTS = 50
@@ -38,6 +52,20 @@ class TrainResult:
     seconds: float
     final_loss: float
     curve: list[tuple[int, float]]
+
+
+@dataclass(frozen=True)
+class Until:
+    """When training past ``steps`` stops: ``done(step)`` (the model in eval mode) is asked
+    at ``steps``, every ``every`` steps after it and at ``max_steps`` (the cap)."""
+
+    done: Callable[[int], bool]
+    max_steps: int
+    every: int
+
+    def due(self, step: int, steps: int) -> bool:
+        """Whether ``done`` is asked after 1-based ``step`` of a ``steps``-step schedule."""
+        return step >= steps and ((step - steps) % self.every == 0 or step == self.max_steps)
 
 
 class TextWindows:
@@ -91,8 +119,10 @@ def train(
     weight_decay: float,
     context: Context,
     on_step: Callable[[int, float], None] | None = None,
+    until: Until | None = None,
 ) -> TrainResult:
-    """Train ``model`` in place for ``steps`` optimizer steps.
+    """Train ``model`` in place for ``steps`` optimizer steps (with ``until``: on in
+    rounds until ``until.done`` or ``until.max_steps``; ``TrainResult.steps`` says how many).
 
     Raises:
         NonFiniteLoss: the loss (summed over processes) is NaN or infinite.
@@ -106,11 +136,13 @@ def train(
         lr=lr,
         betas=(0.9, 0.95),
     )
-    every = max(1, steps // _CURVE_POINTS)
+    limit = steps if until is None else until.max_steps
+    every = max(1, limit // _CURVE_POINTS)
     curve: list[tuple[int, float]] = []
     start = time.perf_counter()
     loss_value = float("nan")
-    for step in range(steps):
+    taken = 0
+    for step in range(limit):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, steps=steps, warmup=warmup, peak=lr)
         inputs, targets = (context.shard(t).to(context.device) for t in sampler(batch_size))
@@ -127,9 +159,17 @@ def train(
         (local * (context.world / max(scored, 1.0))).backward()
         nn.utils.clip_grad_norm_(model.parameters(), _CLIP)
         optimizer.step()
-        if step % every == 0 or step == steps - 1:
-            curve.append((step + 1, loss_value))
+        taken = step + 1
+        if step % every == 0:
+            curve.append((taken, loss_value))
         if on_step is not None:
-            on_step(step + 1, loss_value)
+            on_step(taken, loss_value)
+        if until is not None and until.due(taken, steps):
+            model.eval()
+            if until.done(taken):
+                break
+            net.train()
+    if curve[-1][0] != taken:
+        curve.append((taken, loss_value))
     model.eval()
-    return TrainResult(steps, time.perf_counter() - start, loss_value, curve)
+    return TrainResult(taken, time.perf_counter() - start, loss_value, curve)
