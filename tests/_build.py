@@ -27,6 +27,11 @@ SCALINGS = {
 }
 
 
+#: Constructor keywords beyond the model shape, so that every encoding acts within the
+#: tests' few positions: the query temperature steps every 4 positions, not 8192.
+SHORT = {"temperature": {"length": 4}}
+
+
 def build_encoding(name: str, *, seed: int = 0, max_len: int = 16) -> PositionalEncoding:
     """``posenc.build(name)`` for the shapes above, learned parameters moved off their init.
 
@@ -34,7 +39,8 @@ def build_encoding(name: str, *, seed: int = 0, max_len: int = 16) -> Positional
     gets a small seeded perturbation so that each encoding's output depends on all of them.
     """
     torch.manual_seed(seed)
-    enc = posenc.build(name, d_model=C, num_heads=H, head_dim=D, max_len=max_len, causal=True)
+    shape = {"d_model": C, "num_heads": H, "head_dim": D, "max_len": max_len, "causal": True}
+    enc = posenc.build(name, **shape, **SHORT.get(name, {}))
     with torch.no_grad():
         for p in enc.parameters():
             p.add_(0.1 * torch.randn_like(p))
@@ -50,10 +56,43 @@ def make_inputs(length: int, *, seed: int = 1, dtype: torch.dtype = torch.float3
     return x, q, k, torch.arange(length)
 
 
+def positions_for(enc: PositionalEncoding, index: Tensor) -> Tensor:
+    """The positions of ``enc.position_shape`` for the tokens at ``index [T] | [B, T]``.
+
+    Elementwise in the index, so slicing the tokens slices the positions: ``[T]`` the index
+    ``i`` itself; ``[A, T]`` (M-RoPE's time, height, width) ``(i, i // 2, i % 4)``
+    stacked first; ``[N, A]`` the patch ``(i // 4, i % 4)`` of a grid 4 wide, stacked last;
+    other counts of axes repeat ``i // 2`` in the middle. A shift of the indices by a
+    multiple of 4 shifts each axis by a constant.
+
+    Raises:
+        ValueError: a ``position_shape`` without example positions here.
+    """
+    shape = enc.position_shape
+    if shape == "[T]":
+        return index
+    if shape == "[A, T]":
+        return torch.stack((index, *[index // 2] * (enc.num_axes - 2), index % 4))
+    if shape == "[N, A]":
+        return torch.stack((index // 4, *[index // 2] * (enc.axes - 2), index % 4), dim=-1)
+    raise ValueError(f"no example positions for position_shape {shape!r}")
+
+
+def attention_positions(enc: PositionalEncoding, index: Tensor | None, length: int):
+    """What to give ``MultiHeadAttention`` for the tokens at ``index`` (None: ``0..T-1``):
+    ``index`` itself for token positions, else ``positions_for`` (structured positions
+    have no default)."""
+    if enc.position_shape == "[T]":
+        return index
+    return positions_for(enc, torch.arange(length) if index is None else index)
+
+
 def apply_hooks(
     enc: PositionalEncoding, x: Tensor, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor
 ) -> dict[str, Tensor]:
     """Every hook of ``enc``'s sites on ``x [B, Tq, C]``, ``q [B, H, Tq, D]``, ``k [B, H, Tk, D]``.
+
+    ``q_pos`` and ``k_pos`` are token indices; ``rotate`` gets ``positions_for`` them.
 
     Returns:
         ``{"embed": ...}`` (INPUT, on ``x`` at ``q_pos``), ``{"q": ..., "k": ...}`` (QK),
@@ -64,7 +103,7 @@ def apply_hooks(
     if enc.sites & Site.INPUT:
         out["embed"] = enc.embed(x, q_pos)
     if enc.sites & Site.QK:
-        out["q"], out["k"] = enc.rotate(q, k, q_pos, k_pos)
+        out["q"], out["k"] = enc.rotate(q, k, positions_for(enc, q_pos), positions_for(enc, k_pos))
     if enc.sites & Site.SCORE:
         out["bias"] = enc.score_bias(q, k, q_pos, k_pos)
     if enc.sites & Site.VALUE:

@@ -3,7 +3,9 @@
 Each property is checked for whatever is registered: KV-cache decoding equals the full
 forward, the backends agree (forward and backward), grouped-query heads equal repeated
 k/v weights, padding changes nothing for the real tokens, and every encoding but NoPE
-breaks the permutation equivariance of bidirectional attention.
+breaks the permutation equivariance of bidirectional attention. Encodings with structured
+positions (M-RoPE, axial RoPE) get the positions of their ``position_shape`` for the
+same token indices (``_build.positions_for``).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import pytest
 import torch
 
 import posenc
+from _build import SHORT, attention_positions
 from conftest import tolerances
 from posenc import KVCache, MultiHeadAttention, Site
 
@@ -34,7 +37,8 @@ def make(name: str, *, causal: bool = True, num_kv_heads: int = KV, **kwargs) ->
     """A float64 layer holding ``name`` with its parameters moved off their initial values
     (a zero-initialized bias table would otherwise hide every position effect)."""
     torch.manual_seed(0)
-    position = posenc.build(name, d_model=C, num_heads=H, head_dim=D, max_len=64, causal=causal)
+    shape = {"d_model": C, "num_heads": H, "head_dim": D, "max_len": 64, "causal": causal}
+    position = posenc.build(name, **shape, **SHORT.get(name, {}))
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for p in position.parameters():
@@ -55,6 +59,11 @@ def data(seed: int = 0):
     return x, pos, kpm
 
 
+def at(mha: MultiHeadAttention, x: torch.Tensor, index: torch.Tensor | None = None):
+    """The positions to give ``mha`` for the tokens of ``x [B, T, C]`` at ``index``."""
+    return attention_positions(mha.position, index, x.shape[1])
+
+
 def modes(names=NAMES):
     """(name, causal) pairs: every encoding causally, and bidirectionally where defined."""
     return [(n, c) for n in names for c in (True, False) if c or not _causal_only(n)]
@@ -67,17 +76,17 @@ TIGHT = tolerances(torch.float64, ops=OPS)
 def test_decoding_equals_full_forward(name):
     mha = make(name, block_size=2)
     x, pos, kpm = data()
-    full = mha(x, pos, key_padding_mask=kpm)
+    full = mha(x, at(mha, x, pos), key_padding_mask=kpm)
     cache, steps = KVCache(), []
     for start, stop in [(0, 4), (4, 5), (5, 7), (7, 8), (8, 9)]:
         kwargs = {"key_padding_mask": kpm[:, :stop], "cache": cache}
-        steps.append(mha(x[:, start:stop], pos[:, start:stop], **kwargs))
+        steps.append(mha(x[:, start:stop], at(mha, x, pos[:, start:stop]), **kwargs))
     torch.testing.assert_close(torch.cat(steps, dim=1), full, **TIGHT)
 
 
 def _forward_backward(mha: MultiHeadAttention, x, pos, kpm) -> list[torch.Tensor]:
     x = x.detach().requires_grad_(True)
-    out = mha(x, pos, key_padding_mask=kpm)
+    out = mha(x, at(mha, x, pos), key_padding_mask=kpm)
     out.backward(torch.cos(out.detach()))
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in mha.parameters()]
     return [out.detach(), x.grad, *grads]
@@ -104,7 +113,7 @@ def test_only_nope_keeps_bidirectional_attention_permutation_equivariant(name):
     perm = torch.randperm(T, generator=torch.Generator().manual_seed(0))
 
     def model(inp):  # the model applies the INPUT site to the embeddings, MHA the rest
-        return mha(mha.position.embed(inp))
+        return mha(mha.position.embed(inp), at(mha, inp))
 
     permuted, expected = model(x[:, perm]), model(x)[:, perm]
     if name == "nope":
@@ -127,6 +136,7 @@ def test_grouped_query_heads_equal_repeated_kv_weights(name, causal):
             w = getattr(gqa, proj).weight.view(KV, D, C).repeat_interleave(group, dim=0)
             getattr(full, proj).weight.copy_(w.reshape(H * D, C))
     x, pos, kpm = data()
+    pos = at(gqa, x, pos)
     torch.testing.assert_close(
         gqa(x, pos, key_padding_mask=kpm), full(x, pos, key_padding_mask=kpm), **TIGHT
     )
@@ -139,8 +149,9 @@ def test_padded_keys_change_nothing(name):
     junk = torch.randn(B, 3, C, dtype=torch.float64)
     kpm = torch.ones(B, T + 3, dtype=torch.bool)
     kpm[:, T:] = False
-    padded = mha(torch.cat((x, junk), dim=1), key_padding_mask=kpm)[:, :T]
-    torch.testing.assert_close(padded, mha(x), **TIGHT)
+    both = torch.cat((x, junk), dim=1)
+    padded = mha(both, at(mha, both), key_padding_mask=kpm)[:, :T]
+    torch.testing.assert_close(padded, mha(x, at(mha, x)), **TIGHT)
 
 
 @pytest.mark.parametrize(("name", "causal"), modes())
@@ -148,13 +159,13 @@ def test_left_padding_with_positions_matches_unpadded(name, causal):
     mha = make(name, causal=causal)
     x, _, _ = data()
     pad = 3
-    alone = mha(x[1:, pad:])
+    alone = mha(x[1:, pad:], at(mha, x[1:, pad:]))
     pos = torch.stack((torch.arange(T), (torch.arange(T) - pad).clamp(min=0)))
     kpm = torch.ones(B, T, dtype=torch.bool)
     kpm[1, :pad] = False
-    batched = mha(x, pos, key_padding_mask=kpm)
+    batched = mha(x, at(mha, x, pos), key_padding_mask=kpm)
     torch.testing.assert_close(batched[1:, pad:], alone, **TIGHT)
-    torch.testing.assert_close(batched[:1], mha(x[:1]), **TIGHT)
+    torch.testing.assert_close(batched[:1], mha(x[:1], at(mha, x[:1])), **TIGHT)
 
 
 @pytest.mark.parametrize(("name", "causal"), modes())
@@ -168,7 +179,7 @@ def test_position_by_name(name, causal):
     mha = MultiHeadAttention(C, H, position=name, causal=causal)
     assert isinstance(mha.position, posenc.info(name).cls)
     x, _, _ = data()
-    assert mha(x.float()).shape == (B, T, C)
+    assert mha(x.float(), at(mha, x)).shape == (B, T, C)
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if _is(n, Site.VALUE)])

@@ -26,7 +26,7 @@ from torch import nn
 
 import posenc
 import posenc.analysis as analysis
-from _build import B, C, D, H, apply_hooks, build_encoding, make_inputs
+from _build import B, C, D, H, apply_hooks, attention_positions, build_encoding, make_inputs
 from conftest import tolerances
 from posenc import cli, reference
 from posenc.encodings import (
@@ -263,9 +263,12 @@ def test_bad_input_raises_naming_the_value(fn, args, kwargs, error, fragment):
 NAMES = posenc.available()
 
 
-def _attention(enc) -> posenc.MultiHeadAttention:
+def _attention(enc):
+    """``x [B, T, C], index [T] | None -> [B, T, C]``: attention holding ``enc``, at the
+    positions ``enc`` takes for the tokens at ``index`` (``attention_positions``)."""
     torch.manual_seed(0)
-    return posenc.MultiHeadAttention(C, H, position=enc)
+    mha = posenc.MultiHeadAttention(C, H, position=enc)
+    return lambda x, index=None: mha(x, attention_positions(enc, index, x.shape[1]))
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -361,7 +364,8 @@ def test_negative_positions(name):
     """Learned tables reject them; every other encoding is defined there (guarantees.md).
 
     Relative encodings (and RoPE/xPos scores, and attention) are unchanged by a shift of
-    all positions below zero; the sinusoidal table follows its formula at ``p < 0``.
+    all positions below zero; the sinusoidal table follows its formula at ``p < 0``; the
+    query temperature (the log of a count of steps) rejects them too.
     """
     enc = build_encoding(name)
     x, q, k, pos = make_inputs(T)
@@ -369,6 +373,10 @@ def test_negative_positions(name):
     if name == "learned":
         with pytest.raises(ValueError, match=f"-{shift}"):
             enc.embed(x, pos - shift)
+        return
+    if name == "temperature":
+        with pytest.raises(ValueError, match=f"-{shift}"):
+            enc.rotate(q, k, pos - shift, pos - shift)
         return
     tol = tolerances(torch.float32, ops=64)
     got = apply_hooks(enc, x, q, k, pos - shift, pos - shift)

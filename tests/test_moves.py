@@ -29,7 +29,7 @@ import torch
 from torch import Tensor, nn
 
 import posenc
-from _build import SCALINGS, C, D, H, apply_hooks, build_encoding, make_inputs
+from _build import SCALINGS, C, D, H, apply_hooks, attention_positions, build_encoding, make_inputs
 from conftest import tolerances
 
 T = 6
@@ -56,7 +56,7 @@ def run(module: nn.Module, *, dtype: torch.dtype = torch.float32, length: int = 
     """The module's outputs on seeded inputs of ``dtype``: ``{name: tensor}``."""
     x, q, k, pos = make_inputs(length, dtype=dtype)
     if isinstance(module, posenc.MultiHeadAttention):
-        return {"out": module(x)}
+        return {"out": module(x, attention_positions(module.position, None, length))}
     return apply_hooks(module, x, q, k, pos, pos)
 
 

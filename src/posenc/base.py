@@ -12,11 +12,13 @@ SCORE    ``score_bias(q, k, q_pos, k_pos) -> [B|1, H, Tq, Tk]``       ALiBi, T5,
 VALUE    ``value_term(probs [B, H, Tq, Tk], q_pos, k_pos) -> [B, H, Tq, D]``  Shaw (values)
 ======== ============================================================ =====================
 
-Positions are always explicit tensors of shape ``[T]`` or ``[B, T]`` (integer or float,
-never bf16/fp16). ``MultiHeadAttention`` calls the hooks and never needs to know which
-encoding it holds; for KV-cache decoding ``rotate`` sees only the new keys (cached keys
-are stored already rotated), while ``score_bias`` and ``value_term`` see every cached
-key (``k`` expanded to ``H`` heads) and may be called once per query block.
+Positions are explicit tensors of shape ``[T]`` or ``[B, T]`` (integer or float, never
+bf16/fp16), except for the encodings that declare structured positions
+(``PositionalEncoding.position_shape``: M-RoPE's ``[A, T]``, axial RoPE's ``[N, A]``).
+``MultiHeadAttention`` calls the hooks and never needs to know which encoding it holds;
+for KV-cache decoding ``rotate`` sees only the new keys (cached keys are stored already
+rotated), while ``score_bias`` and ``value_term`` see every cached key (``k`` expanded
+to ``H`` heads) and may be called once per query block.
 """
 
 from __future__ import annotations
@@ -27,9 +29,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
+import torch
 from torch import Tensor, nn
 
 __all__ = [
+    "POSITION_SHAPES",
     "Compose",
     "EncodingInfo",
     "PositionalEncoding",
@@ -55,6 +59,13 @@ class Site(enum.Flag):
         return [s.name.lower() for s in (Site.INPUT, Site.QK, Site.SCORE, Site.VALUE) if s & self]
 
 
+#: The positions an encoding's hooks may take (``PositionalEncoding.position_shape``):
+#: token positions; each token's position on ``A`` axes, M-RoPE's time, height and width
+#: for three (Wang et al. 2024, Qwen2-VL); the coordinates of ``N`` patches on ``A`` axes,
+#: ``(y, x)`` for two (Heo et al. 2024, RoPE for ViT).
+POSITION_SHAPES = ("[T]", "[A, T]", "[N, A]")
+
+
 class PositionalEncoding(nn.Module):
     """Base class of every encoding. Subclasses set ``sites`` and override its hooks.
 
@@ -67,11 +78,26 @@ class PositionalEncoding(nn.Module):
         offset_only: True when ``score_bias`` depends on ``q_pos - k_pos`` alone (not on
             ``q``, ``k`` or the positions themselves), so attention may evaluate it once
             per offset (ALiBi, T5, KERPLE, Sandwich).
+        position_shape: the positions the hooks take, one of ``POSITION_SHAPES``:
+
+            * ``"[T]"`` (the default): token positions ``[T]`` or ``[B, T]``;
+            * ``"[A, T]"``: positions on ``A`` axes, ``[A, T]`` or ``[A, B, T]`` (M-RoPE's
+              time, height, width); token positions ``[T]`` / ``[B, T]`` are text, equal
+              on the axes;
+            * ``"[N, A]"``: patch coordinates on ``A`` axes (``(y, x)`` for two), ``[N, A]``
+              or ``[B, N, A]`` (axial RoPE), ``N`` the tokens after any unrotated prefix.
+
+            An encoding with structured positions (not ``"[T]"``) also defines
+            ``attention_positions(positions, *, batch, length) -> (token, rotary)``:
+            ``MultiHeadAttention`` hands it the positions it was given and rotates at
+            ``rotary`` (when not None), ordering (masking, caching) the tokens by ``token``,
+            or by their index when ``token`` is None. ``register`` checks the declaration.
     """
 
     sites: ClassVar[Site] = Site.NONE
     causal_only: ClassVar[bool] = False
     offset_only: ClassVar[bool] = False
+    position_shape: ClassVar[str] = "[T]"
 
     def embed(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
         """INPUT site: ``x [B, T, C]`` with ``positions [T] | [B, T]`` -> ``[B, T, C]``."""
@@ -126,6 +152,20 @@ class Compose(PositionalEncoding):
 
     Hooks are applied in list order: ``embed`` and ``rotate`` chain, score biases and
     value terms add up.
+
+    Structured positions: the parts may declare one ``position_shape`` besides ``"[T]"``
+    (two M-RoPEs share their ``[A, T]`` positions), which is then the composition's, with
+    the ``attention_positions`` of its first such part. ``rotate`` hands structured
+    positions to the parts that declare them and the tokens' indices to the others: ``0..T-1``,
+    or, in ``rotate_cached``, continuing after the cache's last position, as
+    ``MultiHeadAttention`` orders the tokens; so ``Compose([MRoPE(...),
+    PositionTemperature(...)])`` rotates at ``[3, B, T]`` and scales queries by index. Token
+    positions that a structured part reads as text (M-RoPE's ``[T]`` / ``[B, T]``) reach
+    every part as they are.
+
+    Raises:
+        TypeError: an item that is not a ``PositionalEncoding``.
+        ValueError: no encodings; parts that need different structured positions (named).
     """
 
     def __init__(self, encodings: Iterable[PositionalEncoding]) -> None:
@@ -138,7 +178,23 @@ class Compose(PositionalEncoding):
                 )
         if not encodings:
             raise ValueError("Compose needs at least one encoding, got an empty list")
+        structured = [(i, e) for i, e in enumerate(encodings) if e.position_shape != "[T]"]
+        if len({e.position_shape for _, e in structured}) > 1:
+            parts = ", ".join(
+                f"{type(e).__name__} (item {i}) {e.position_shape}" for i, e in structured
+            )
+            raise ValueError(
+                f"Compose parts need different structured positions: {parts}; attention "
+                "hands one positions tensor to the composition"
+            )
         self.encodings = nn.ModuleList(encodings)
+        self._structured_at = structured[0][0] if structured else None
+
+    @property
+    def _structured(self) -> PositionalEncoding | None:
+        """The first part with structured positions (None: every part takes ``[T]``)."""
+        at = self._structured_at
+        return None if at is None else self.encodings[at]
 
     @property
     def sites(self) -> Site:  # type: ignore[override]
@@ -151,6 +207,19 @@ class Compose(PositionalEncoding):
     def causal_only(self) -> bool:  # type: ignore[override]
         return any(enc.causal_only for enc in self.encodings)
 
+    @property
+    def position_shape(self) -> str:  # type: ignore[override]
+        return "[T]" if self._structured is None else self._structured.position_shape
+
+    def attention_positions(
+        self, positions: Tensor, *, batch: int, length: int
+    ) -> tuple[Tensor | None, Tensor | None]:
+        """Split the positions given to ``MultiHeadAttention``: ``(token, rotary)``, as the
+        first structured part splits them; ``(positions, None)`` without such a part."""
+        if self._structured is None:
+            return positions, None
+        return self._structured.attention_positions(positions, batch=batch, length=length)
+
     def embed(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
         for enc in self.encodings:
             if enc.sites & Site.INPUT:
@@ -158,10 +227,12 @@ class Compose(PositionalEncoding):
         return x
 
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
-        for enc in self.encodings:
-            if enc.sites & Site.QK:
-                q, k = enc.rotate(q, k, q_pos, k_pos)
-        return q, k
+        """Chain the parts' ``rotate``, each at its positions (see the class docstring).
+
+        Raises:
+            ValueError: positions a structured part refuses (its own message).
+        """
+        return self._rotate(q, k, q_pos, k_pos, None)
 
     def sync_cache(self, cache: Any, length: int) -> None:
         for enc in self._at(Site.QK):
@@ -170,9 +241,34 @@ class Compose(PositionalEncoding):
     def rotate_cached(
         self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, cache: Any
     ) -> tuple[Tensor, Tensor]:
+        return self._rotate(q, k, q_pos, k_pos, cache)
+
+    def _rotate(
+        self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, cache: Any
+    ) -> tuple[Tensor, Tensor]:
+        q_tok, k_tok = (
+            self._token_positions(q, q_pos, cache),
+            self._token_positions(k, k_pos, cache),
+        )
         for enc in self._at(Site.QK):
-            q, k = enc.rotate_cached(q, k, q_pos, k_pos, cache)
+            pos = (q_tok, k_tok) if enc.position_shape == "[T]" else (q_pos, k_pos)
+            if cache is None:
+                q, k = enc.rotate(q, k, *pos)
+            else:
+                q, k = enc.rotate_cached(q, k, *pos, cache)
         return q, k
+
+    def _token_positions(self, x: Tensor, positions: Tensor, cache: Any) -> Tensor:
+        """The positions of the ``"[T]"`` parts for the tokens of ``x [B, H, T, D]``."""
+        if self._structured is None:
+            return positions
+        batch, length = x.shape[0], x.shape[-2]
+        token, rotary = self.attention_positions(positions, batch=batch, length=length)
+        if rotary is None:
+            return token
+        if cache is None:
+            return torch.arange(length, device=x.device)
+        return cache.next_positions(length, x.device)
 
     def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
         return _sum_terms(e.score_bias(q, k, q_pos, k_pos) for e in self._at(Site.SCORE))
@@ -208,6 +304,10 @@ class EncodingInfo:
     def sites(self) -> Site:
         return self.cls.sites
 
+    @property
+    def position_shape(self) -> str:
+        return self.cls.position_shape
+
 
 _REGISTRY: dict[str, EncodingInfo] = {}
 
@@ -224,7 +324,8 @@ def register(name: str, *, paper: str, description: str) -> Callable[[E], E]:
     Raises:
         TypeError: a non-string ``name``, or decorating anything but a
             ``PositionalEncoding`` subclass.
-        ValueError: ``name`` already registered to another class.
+        ValueError: ``name`` already registered to another class; a ``position_shape``
+            not in ``POSITION_SHAPES``, or a structured one without ``attention_positions``.
     """
     if not isinstance(name, str):
         raise TypeError(f"encoding name must be a str, got {name!r}")
@@ -236,6 +337,15 @@ def register(name: str, *, paper: str, description: str) -> Callable[[E], E]:
             )
         if name in _REGISTRY and _REGISTRY[name].cls is not cls:
             raise ValueError(f"encoding name {name!r} is already registered")
+        shape = cls.position_shape
+        if shape not in POSITION_SHAPES:
+            raise ValueError(
+                f"{cls.__name__}.position_shape is {shape!r}; known: {', '.join(POSITION_SHAPES)}"
+            )
+        if shape != "[T]" and not callable(getattr(cls, "attention_positions", None)):
+            raise ValueError(
+                f"{cls.__name__} declares positions {shape} but no attention_positions method"
+            )
         _REGISTRY[name] = EncodingInfo(name, cls, paper, description)
         return cls
 

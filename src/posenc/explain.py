@@ -23,7 +23,7 @@ from rich.text import Text
 from posenc import analysis
 from posenc._checks import check_int
 from posenc.base import PositionalEncoding, Site, info
-from posenc.viz._common import build_encoding
+from posenc.viz._common import build_encoding, line_positions
 
 __all__ = ["explain", "word_vectors"]
 
@@ -204,9 +204,10 @@ def _rotated_scores(
     count = len(q_pos)
     qs = q.expand(1, 1, count, -1)  # [B, H, T, D]
     ks = k.expand(1, 1, count, -1)
+    q_pos, k_pos = (line_positions(enc, torch.tensor(p)) for p in (q_pos, k_pos))
     with torch.no_grad():
-        rq, _ = enc.rotate(qs, ks, torch.tensor(q_pos), torch.tensor(q_pos))
-        _, rk = enc.rotate(qs, ks, torch.tensor(k_pos), torch.tensor(k_pos))
+        rq, _ = enc.rotate(qs, ks, q_pos, q_pos)
+        _, rk = enc.rotate(qs, ks, k_pos, k_pos)
     return (rq * rk).sum(-1).reshape(count).double().numpy()
 
 
@@ -220,6 +221,8 @@ def _rotary_tour(out: Console, enc: PositionalEncoding, dim: int, length: int) -
             f"{freqs.max():.4g} to {freqs.min():.4g} rad, wavelengths "
             f"{2 * np.pi / freqs.max():.4g} .. {2 * np.pi / freqs.min():.4g} positions\n",
         )
+    if enc.position_shape == "[N, A]":
+        _say(out, "Positions m, n below are image patches along one row: (0, m), (0, n).\n")
     gen = torch.Generator().manual_seed(0)
     q, k = torch.randn(2, 1, 1, 1, dim, generator=gen, dtype=torch.float64)
     offsets = [r for r in (0, 1, 2, 3, 5, 8, 13, 21, 34, 55, 89) if r < length]

@@ -125,6 +125,15 @@ def build_encoding(name: str, *, seed: int = 0, **shape: int | bool) -> Position
         return build(name, **kwargs).eval()
 
 
+def line_positions(enc: PositionalEncoding, positions: Tensor) -> Tensor:
+    """What ``enc`` rotates at for tokens on a line at ``positions [T]``: the positions
+    themselves (M-RoPE reads them as text), or for patch coordinates (``position_shape``
+    ``"[N, A]"``) the patches ``(0, ..., 0, p)`` along one row."""
+    if enc.position_shape != "[N, A]":
+        return positions
+    return torch.nn.functional.pad(positions[..., None], (enc.axes - 1, 0))
+
+
 def encodings_at(site: Site, names: list[str] | None = None) -> list[str]:
     """The registered names acting at ``site`` (all of them when ``names`` is None).
 

@@ -30,7 +30,7 @@ from torch import Tensor
 from posenc._checks import check_int
 from posenc.attention import MultiHeadAttention, repeat_kv
 from posenc.base import PositionalEncoding, Site, available, info
-from posenc.viz._common import build_encoding, encodings_at, new_figure
+from posenc.viz._common import build_encoding, encodings_at, line_positions, new_figure
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -173,6 +173,8 @@ def attention_probs(mha: MultiHeadAttention, x: Tensor, positions: Tensor | None
     The formula of the eager backend: ``softmax(rotate(q) rotate(k)^T / sqrt(D) + bias)``
     with the causal mask when ``mha.causal``; ``probs @ v`` then gives the module's
     output before ``out_proj`` (plus the value term of VALUE-site encodings).
+    ``positions`` are token positions ``[T]`` / ``[B, T]`` (default ``0..T-1``); an axial
+    (patch) encoding rotates at the patches along one row (``line_positions``).
     """
     batch, length, _ = x.shape
     heads, kv_heads, dim = mha.num_heads, mha.num_kv_heads, mha.head_dim
@@ -181,7 +183,7 @@ def attention_probs(mha: MultiHeadAttention, x: Tensor, positions: Tensor | None
     k = mha.k_proj(x).view(batch, length, kv_heads, dim).transpose(1, 2)  # [B, Hkv, T, D]
     enc = mha.position
     if enc.sites & Site.QK:
-        q, k = enc.rotate(q, k, pos, pos)
+        q, k = enc.rotate(q, k, line_positions(enc, pos), line_positions(enc, pos))
     k = repeat_kv(k, heads)
     logits = q @ k.transpose(-2, -1) * dim**-0.5  # [B, H, T, T]
     bias = enc.score_bias(q, k, pos, pos) if enc.sites & Site.SCORE else None

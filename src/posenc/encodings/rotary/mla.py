@@ -28,7 +28,7 @@ from torch import Tensor
 
 from posenc._checks import check_int
 from posenc._dtypes import compute_dtype
-from posenc.base import PositionalEncoding, Site
+from posenc.base import PositionalEncoding, Site, register
 from posenc.encodings.rotary._shapes import check_qk
 from posenc.encodings.rotary.module import RotaryEmbedding
 from posenc.encodings.rotary.scaling import DEFAULT_BASE, ScalingSpec
@@ -49,12 +49,18 @@ def mla_softmax_scale(head_dim: int, scaling: object = None) -> float:
     return scale
 
 
+@register(
+    "mla_rope",
+    paper="DeepSeek-AI 2024, DeepSeek-V2 (sec. 2.1.3, decoupled RoPE)",
+    description="RoPE on the last qk_rope_head_dim features of each head, the rest unrotated",
+)
 class MLARope(PositionalEncoding):
     """Decoupled RoPE on the last ``rope_head_dim`` features of each head.
 
     Args:
         head_dim: ``D``, the query/key head dim (``qk_nope_head_dim + qk_rope_head_dim``).
-        rope_head_dim: ``R`` (``qk_rope_head_dim``), even, ``<= D``.
+        rope_head_dim: ``R`` (``qk_rope_head_dim``), even, ``<= D``. None: DeepSeek-V2/V3's
+            third of the head (64 of 192), rounded down to even, at least 2.
         base: the RoPE base (``rope_theta``).
         scaling: a frequency scaling (YaRN in the releases), not length-dependent.
         rope_interleave: the rope features come as adjacent pairs (DeepSeek-V3).
@@ -71,7 +77,7 @@ class MLARope(PositionalEncoding):
     def __init__(
         self,
         head_dim: int,
-        rope_head_dim: int,
+        rope_head_dim: int | None = None,
         *,
         base: float = DEFAULT_BASE,
         scaling: ScalingSpec = None,
@@ -81,6 +87,8 @@ class MLARope(PositionalEncoding):
     ) -> None:
         super().__init__()
         self.head_dim = check_int("head_dim", head_dim)
+        if rope_head_dim is None:
+            rope_head_dim = max(2, head_dim // 6 * 2)
         rope_head_dim = check_int("rope_head_dim", rope_head_dim)
         if rope_head_dim > head_dim:
             raise ValueError(f"rope_head_dim={rope_head_dim} exceeds head_dim={head_dim}")

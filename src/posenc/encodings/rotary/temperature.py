@@ -27,7 +27,7 @@ from torch import Tensor
 
 from posenc._checks import check_float, check_int, check_tensor, resolve_positions
 from posenc._dtypes import compute_dtype
-from posenc.base import PositionalEncoding, Site
+from posenc.base import PositionalEncoding, Site, register
 
 __all__ = ["PositionTemperature", "position_temperature"]
 
@@ -36,30 +36,43 @@ def position_temperature(positions: Tensor, *, beta: float, length: int, offset:
     """``1 + beta * ln(1 + floor((positions + offset) / length))``, float64, ``positions``' shape.
 
     Raises:
-        ValueError: ``length < 1``, non-finite ``beta``, negative ``offset``.
+        ValueError: ``length < 1``, non-finite ``beta``, negative ``offset``; a position
+            below ``-offset`` (the logarithm of a negative count of steps).
     """
     beta = check_float("beta", beta)
     length = check_int("length", length)
     offset = check_int("offset", offset, minimum=0)
     shifted = positions.to(torch.float64) + offset
+    if shifted.numel() and not torch.compiler.is_compiling() and float(shifted.min()) < 0:
+        raise ValueError(
+            f"position temperature needs positions >= {-offset}, got {float(positions.min()):g}"
+        )
     return 1.0 + beta * torch.log1p(torch.floor(shifted / length))
 
 
+@register(
+    "temperature",
+    paper="Meta 2025, Llama 4 (attention temperature tuning)",
+    description="queries scaled by 1 + beta ln(1 + floor(pos / length)); composes with RoPE",
+)
 class PositionTemperature(PositionalEncoding):
     """Scale queries by ``s(position)`` (see the module docstring); keys pass through.
 
     Args:
-        beta: the growth ``beta`` (``llama_4_scaling_beta``, Llama 4's ``attn_scale``).
-        length: the step length (``original_max_position_embeddings``, ``floor_scale``).
+        beta: the growth ``beta`` (``llama_4_scaling_beta``, Llama 4's ``attn_scale``;
+            default 0.1, as both).
+        length: the step length (``original_max_position_embeddings``, ``floor_scale``;
+            default Llama 4's 8192).
         offset: added to the position before flooring (Llama 4: 1).
 
     Raises:
-        ValueError: ``length < 1``, non-finite ``beta``, negative ``offset``.
+        ValueError: ``length < 1``, non-finite ``beta``, negative ``offset``; in ``rotate``,
+            a position below ``-offset``.
     """
 
     sites = Site.QK
 
-    def __init__(self, beta: float, length: int, *, offset: int = 0) -> None:
+    def __init__(self, beta: float = 0.1, length: int = 8192, *, offset: int = 0) -> None:
         super().__init__()
         self.beta = check_float("beta", beta)
         self.length = check_int("length", length)
