@@ -43,6 +43,7 @@ from posenc.hf.config import config_family
 OFFSET = 100_000
 LENGTH = 8
 EPS32 = torch.finfo(torch.float32).eps
+_ORIGINAL = "original_max_position_embeddings"
 SPAN = 300  # random M-RoPE axis positions 0..SPAN-1 (an image grid's range)
 PATCHES = 64  # random axial patch positions 0..PATCHES-1
 #: a text + image (2 frames of 4 x 6 patches, merged 2 x 2) + text sequence
@@ -329,7 +330,9 @@ def _layers(config, sub) -> list[tuple]:
     plan = posenc.hf.layer_plan(config) if per_layer else None
     layers = {}
     for index, encoding in enumerate(plan or [posenc.from_hf_config(config)]):
-        if not isinstance(encoding, posenc.NoPE):
+        # a NoPE layer, or Llama 4's NoPE-layer query temperature alone (no rotation; it is
+        # compared with the family's attention in test_schemes_transformers)
+        if not isinstance(encoding, (posenc.NoPE, posenc.PositionTemperature)):
             kind = kinds[index] if kinds and plan else None
             key = (kind, getattr(encoding, "base", None), type(encoding))
             layers.setdefault(key, (kind, encoding, index))
@@ -352,13 +355,24 @@ def _positions(ours, first: int, gen: torch.Generator):
     yield "text+image", mixed, mixed
 
 
+def _temperature(case, sub, ours, positions):
+    """The family's query scale ``[B, 1, T, 1]`` for a ``Compose([rope, temperature])``
+    (Ministral 3: ``get_llama_4_attn_scale``, as its attention calls it), else 1."""
+    if not isinstance(ours, posenc.Compose):
+        return 1.0
+    params = sub.rope_parameters
+    scale = case.load().get_llama_4_attn_scale
+    return scale(positions, params["llama_4_scaling_beta"], params[_ORIGINAL])
+
+
 def _compare_rotary(case, sub, ours, layer_type, index, seed):
     """Errors (in tolerances) of posenc's q/k against the family's own rotation."""
-    dim = hf_head_dim(case, sub, index) or ours.head_dim
-    if ours.head_dim == getattr(sub, "qk_rope_head_dim", None):
-        dim = ours.head_dim  # MLA: posenc rotates the rotary part of the head alone
-    base = float(getattr(ours, "base", getattr(getattr(ours, "rope", None), "base", 1e4)))
-    scale = max(float(getattr(ours, "attention_scale", 1.0)), 1.0)
+    rope = ours.encodings[0] if isinstance(ours, posenc.Compose) else ours
+    dim = hf_head_dim(case, sub, index) or rope.head_dim
+    if rope.head_dim == getattr(sub, "qk_rope_head_dim", None):
+        dim = rope.head_dim  # MLA: posenc rotates the rotary part of the head alone
+    base = float(getattr(rope, "base", getattr(getattr(rope, "rope", None), "base", 1e4)))
+    scale = max(float(getattr(rope, "attention_scale", 1.0)), 1.0)
     gen = torch.Generator().manual_seed(seed)
     for first in (0, OFFSET):
         for name, mine_pos, hf_pos in _positions(ours, first, gen):
@@ -366,8 +380,9 @@ def _compare_rotary(case, sub, ours, layer_type, index, seed):
             q = torch.randn(2, 4, length, dim, generator=gen)
             k = torch.randn(2, 2, length, dim, generator=gen)
             q_hf, k_hf = hf_rotate(case, sub, q, k, hf_pos, layer_type)
+            q_hf = q_hf * _temperature(case, sub, ours, hf_pos)
             rotated = ours.rotate(q, k, mine_pos, mine_pos)
-            width = getattr(ours, "rotary_dim", dim)
+            width = getattr(rope, "rotary_dim", dim)
             q_ours, k_ours = (permuted(case, sub, x, width) for x in rotated)
             # transformers forms inv_freq and angles in float32: an angle carries about
             # |angle| (1 + ln base) eps32, the rotated value that times |x| (8 roundings floor)

@@ -32,8 +32,6 @@ UNSUPPORTED = {
     "blt/BltRotaryEmbedding": "refused: four sub-transformers, each with its own config",
     "deepseek_v4/DeepseekV4RotaryEmbedding": "refused: compressed-attention layers with their "
     "own base (compress_rope_theta)",
-    "dia/DiaRotaryEmbedding": "refused: encoder-decoder, pass one sub-config",
-    "t5gemma/T5GemmaRotaryEmbedding": "refused: encoder-decoder, pass one sub-config",
     "edgetam_video/EdgeTamVideoVisionRotaryEmbedding": "refused: 2-D memory-attention RoPE",
     "sam2_video/Sam2VideoVisionRotaryEmbedding": "refused: 2-D memory-attention RoPE",
     "sam3_tracker_video/Sam3TrackerVideoVisionRotaryEmbedding": "refused: 2-D memory-attention "
@@ -147,6 +145,15 @@ def test_unsupported_families_are_refused(case_id):
     config = walk.hf_config(CASES[case_id])[0]
     with pytest.raises(ValueError, match="model_type"):
         posenc.from_hf_config(config)
+
+
+@pytest.mark.parametrize("model_type", sorted(posenc.hf.families.ENCODER_DECODERS))
+def test_encoder_decoders_take_one_stack_at_a_time(model_type):
+    config = transformers.AutoConfig.for_model(model_type)
+    with pytest.raises(ValueError, match=f"model_type '{model_type}'.*config.encoder"):
+        posenc.from_hf_config(config)
+    for part in posenc.hf.families.ENCODER_DECODERS[model_type]:
+        assert isinstance(posenc.from_hf_config(getattr(config, part)), posenc.RotaryEmbedding)
 
 
 def test_unsupported_table_names_only_walked_families():

@@ -104,7 +104,7 @@ persimmon phi phi3 phi4_multimodal phimoe pocket_tts pocket_tts_audio_tokenizer 
 qwen2_5_omni_dit qwen2_moe qwen3 qwen3_moe qwen3_next recurrent_gemma seed_oss solar_open
 stablelm starcoder2 t5gemma2_text timesfm2_5 ultrabert unlimited_ocr_text vaultgemma xcodec2
 zaya lfm3 beam glm4_moe esmc gpt_oss emu3_text_model step3p5 voxtral_realtime_text
-qwen3_omni_moe_talker_code_predictor
+qwen3_omni_moe_talker_code_predictor dia_encoder dia_decoder t5_gemma_module
 """
 _INTERLEAVED = """
 cohere cohere2_moe ernie4_5 ernie4_5_moe glm glm4 helium moonshine_streaming
@@ -219,13 +219,24 @@ FAMILIES: dict[str, Family] = {
 }
 
 
+#: encoder-decoders whose stacks keep their own rope settings: the sub-configs to pass
+ENCODER_DECODERS = {"dia": ("encoder_config", "decoder_config"), "t5gemma": ("encoder", "decoder")}
+
+
 def family(model_type: object) -> Family:
     """The table entry of ``model_type``.
 
     Raises:
         ValueError: a ``model_type`` the table does not know (or none), naming it and
-            saying how to build the rotation explicitly.
+            saying how to build the rotation explicitly; an encoder-decoder's whole config
+            (``ENCODER_DECODERS``), naming the sub-configs to pass instead.
     """
+    if isinstance(model_type, str) and model_type in ENCODER_DECODERS:
+        encoder, decoder = ENCODER_DECODERS[model_type]
+        raise ValueError(
+            f"model_type {model_type!r} is an encoder-decoder whose stacks have their own "
+            f"rope settings; pass one of them: config.{encoder} or config.{decoder}"
+        )
     found = FAMILIES.get(model_type) if isinstance(model_type, str) else None
     if found is None:
         raise ValueError(
