@@ -38,8 +38,6 @@ UNSUPPORTED = {
     "RoPE",
     "efficientloftr/EfficientLoFTRRotaryEmbedding": "refused: 2-D RoPE over feature-map "
     "coordinates (keypoint matching)",
-    "embedding_gemma2/EmbeddingGemma2RotaryEmbedding": "refused: head_dim differs by layer "
-    "(global_head_dim on full-attention layers)",
     "esmfold2/EsmFold2RotaryEmbedding": "refused: protein-structure RoPE, config without a "
     "model_type",
     "evolla/EvollaSaProtRotaryEmbedding": "refused: SaProt protein encoder config without a "

@@ -154,7 +154,11 @@ _AXIAL_VARIANTS = {
 # DeepSeek-OCR2's vision encoder is a 1-D RoPE decoder over patch and query tokens, kept in
 # its encoder_config, which the config reader does not descend into
 _AXIAL_PENDING = "deepseek_ocr2_vision"
-_PROPORTIONAL = "gemma4 gemma4_text gemma4_unified gemma4_unified_text diffusion_gemma_text"
+# per-layer-type rope parameters and per-layer head dims (per_layer_config), as Gemma 4
+_PROPORTIONAL = """
+gemma4 gemma4_text gemma4_unified gemma4_unified_text diffusion_gemma_text embedding_gemma2
+embedding_gemma2_text
+"""
 _TEMPERATURE = "ministral3 mistral4"
 
 FAMILIES: dict[str, Family] = {

@@ -7,7 +7,9 @@ vision part) the way the family's own modeling code does:
 ================== ======================================================= ==============
 scheme             families (transformers 5.23)                            encoding
 ================== ======================================================= ==============
-proportional       Gemma 4 (``rope_type: proportional`` full layers)       RotaryEmbedding
+proportional       Gemma 4 (``rope_type: proportional`` full layers),      RotaryEmbedding
+                   EmbeddingGemma 2 (a base per layer type, head dims by
+                   layer in ``per_layer_config``)
 mrope              Qwen2-VL, Qwen2.5-VL, Qwen2.5-Omni thinker and talker  MRoPE
                    (sections in blocks, half-split)
 mrope_interleaved  Qwen3-VL, Cosmos 3 Edge, Qwen3-Omni thinker and talker, MRoPE
