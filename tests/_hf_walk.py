@@ -8,7 +8,12 @@ holds ``inv_freq``, nothing sized by ``hidden_size``), and compares
 ``posenc.from_hf_config`` with the family's own module and rotation function, at the
 positions the encoding takes:
 
-* RoPE: q/k at text positions ``0..T-1`` and ``OFFSET + 0..T-1``;
+* RoPE: q/k at text positions ``0..T-1`` and ``OFFSET + 0..T-1``; with a query
+  temperature (``Compose``, Ministral 3 / Mistral 4) the family's
+  ``get_llama_4_attn_scale`` scales its queries, as its attention does, and the norms are
+  compared too (free of the angles' float32 error); Mistral 4's ``MLARope`` against the
+  rotation of the last ``qk_rope_head_dim`` features; a layer without rotation (NoPE,
+  Llama 4's NoPE-layer temperature: ``test_schemes_transformers``) is not compared here;
 * M-RoPE (``posenc.MRoPE``, ``A`` axes): q/k at text positions (equal on every axis), at
   random axis positions ``[A, B, T]`` (0..299, and ``OFFSET`` + that) and at the positions
   of a text + image + text sequence (``posenc.mrope_position_ids``);
@@ -112,9 +117,14 @@ RECEIVES = {
         "Qwen3OmniMoeConfig",
         (("talker_config", "text_config"),),
     ),
-    # encoder-decoders: each stack's rotary gets its own sub-config (the whole is refused)
+    # models of several stacks: each stack's rotary gets its own sub-config (the whole is
+    # refused)
     "dia/DiaRotaryEmbedding": ("DiaConfig", (("encoder_config",), ("decoder_config",))),
     "t5gemma/T5GemmaRotaryEmbedding": ("T5GemmaConfig", (("encoder",), ("decoder",))),
+    "blt/BltRotaryEmbedding": (
+        "BltConfig",
+        (("encoder_config",), ("global_config",), ("decoder_config",), ("patcher_config",)),
+    ),
 }
 _ROTARY = re.compile(r"^class (\w*RotaryEmbedding)\(", re.M)
 
@@ -371,6 +381,10 @@ def _compare_rotary(case, sub, ours, layer_type, index, seed):
     dim = hf_head_dim(case, sub, index) or rope.head_dim
     if rope.head_dim == getattr(sub, "qk_rope_head_dim", None):
         dim = rope.head_dim  # MLA: posenc rotates the rotary part of the head alone
+    # Mistral 4's MLARope takes the whole head; transformers rotates its last features
+    # and returns interleaved pairs half-split, as MLARope does
+    nope = rope.head_dim - rope.rope_head_dim if isinstance(rope, posenc.MLARope) else 0
+    dim = rope.head_dim if nope else dim
     base = float(getattr(rope, "base", getattr(getattr(rope, "rope", None), "base", 1e4)))
     scale = max(float(getattr(rope, "attention_scale", 1.0)), 1.0)
     gen = torch.Generator().manual_seed(seed)
@@ -379,11 +393,12 @@ def _compare_rotary(case, sub, ours, layer_type, index, seed):
             length = mine_pos.shape[-1]
             q = torch.randn(2, 4, length, dim, generator=gen)
             k = torch.randn(2, 2, length, dim, generator=gen)
-            q_hf, k_hf = hf_rotate(case, sub, q, k, hf_pos, layer_type)
+            q_hf, k_hf = hf_rotate(case, sub, q[..., nope:], k[..., nope:], hf_pos, layer_type)
+            q_hf, k_hf = torch.cat([q[..., :nope], q_hf], -1), torch.cat([k[..., :nope], k_hf], -1)
             q_hf = q_hf * _temperature(case, sub, ours, hf_pos)
-            rotated = ours.rotate(q, k, mine_pos, mine_pos)
             width = getattr(rope, "rotary_dim", dim)
-            q_ours, k_ours = (permuted(case, sub, x, width) for x in rotated)
+            rotated = ours.rotate(q, k, mine_pos, mine_pos)  # MLARope: transformers' order
+            q_ours, k_ours = rotated if nope else (permuted(case, sub, x, width) for x in rotated)
             # transformers forms inv_freq and angles in float32: an angle carries about
             # |angle| (1 + ln base) eps32, the rotated value that times |x| (8 roundings floor)
             angle = float(mine_pos.max()) + 1
@@ -391,6 +406,10 @@ def _compare_rotary(case, sub, ours, layer_type, index, seed):
             for mine, theirs, x in ((q_ours, q_hf, q), (k_ours, k_hf, k)):
                 error = float((mine - theirs).abs().max()) / (tol * float(x.abs().max()))
                 yield error, f"layer_type={layer_type} {name} positions, first={first}"
+                if isinstance(ours, posenc.Compose):  # the temperature, free of angle error
+                    norms = (mine.norm(dim=-1) - theirs.norm(dim=-1)).abs().max()
+                    error = float(norms) / (64 * EPS32 * float(x.norm(dim=-1).max()) * scale)
+                    yield error, f"query scale at {name} positions, first={first}"
 
 
 def _compare_axial(case, sub, ours):

@@ -29,7 +29,6 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 # case id -> why posenc does not match it; posenc refuses every "refused:" config with a
 # ValueError (never a plausible wrong rotation)
 UNSUPPORTED = {
-    "blt/BltRotaryEmbedding": "refused: four sub-transformers, each with its own config",
     "deepseek_v4/DeepseekV4RotaryEmbedding": "refused: compressed-attention layers with their "
     "own base (compress_rope_theta)",
     "edgetam_video/EdgeTamVideoVisionRotaryEmbedding": "refused: 2-D memory-attention RoPE",
@@ -55,11 +54,8 @@ UNSUPPORTED = {
             "hunyuan_vl/HunYuanVLRotaryEmbedding",
             "inkling2/Inkling2VisionRotaryEmbedding",
             "kimi_k25/Kimi_K25VisionRotaryEmbedding",
-            "llama4/Llama4TextRotaryEmbedding",
             "llama4/Llama4VisionRotaryEmbedding",
             "minimax_m3_vl/MiniMaxM3VLVisionRotaryEmbedding",
-            "ministral3/Ministral3RotaryEmbedding",
-            "mistral4/Mistral4RotaryEmbedding",
             "sam3/Sam3ViTRotaryEmbedding",
             "step3p7/Step3p7VisionRotaryEmbedding",
         ]
@@ -145,12 +141,12 @@ def test_unsupported_families_are_refused(case_id):
         posenc.from_hf_config(config)
 
 
-@pytest.mark.parametrize("model_type", sorted(posenc.hf.families.ENCODER_DECODERS))
-def test_encoder_decoders_take_one_stack_at_a_time(model_type):
+@pytest.mark.parametrize("model_type", sorted(posenc.hf.families.STACKS))
+def test_models_of_several_stacks_take_one_at_a_time(model_type):
     config = transformers.AutoConfig.for_model(model_type)
     with pytest.raises(ValueError, match=f"model_type '{model_type}'.*config.encoder"):
         posenc.from_hf_config(config)
-    for part in posenc.hf.families.ENCODER_DECODERS[model_type]:
+    for part in posenc.hf.families.STACKS[model_type]:
         assert isinstance(posenc.from_hf_config(getattr(config, part)), posenc.RotaryEmbedding)
 
 

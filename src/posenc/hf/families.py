@@ -109,6 +109,7 @@ qwen3_omni_moe_talker_code_predictor dia_encoder dia_decoder t5_gemma_module
 _INTERLEAVED = """
 cohere cohere2_moe ernie4_5 ernie4_5_moe glm glm4 helium moonshine_streaming
 pe_audio_encoder pe_audio_video_encoder pe_video_encoder openai_privacy_filter
+blt_local_encoder blt_local_decoder blt_global_transformer blt_patcher
 """
 _MLA = """
 axk1 axk2 bailing_hybrid deepseek_v2 deepseek_v3 deepseek_v32 glm4_moe_lite glm_moe_dsa
@@ -223,8 +224,12 @@ FAMILIES: dict[str, Family] = {
 }
 
 
-#: encoder-decoders whose stacks keep their own rope settings: the sub-configs to pass
-ENCODER_DECODERS = {"dia": ("encoder_config", "decoder_config"), "t5gemma": ("encoder", "decoder")}
+#: models of several stacks, each with its own rope settings: the sub-configs to pass
+STACKS = {
+    "dia": ("encoder_config", "decoder_config"),
+    "t5gemma": ("encoder", "decoder"),
+    "blt": ("encoder_config", "global_config", "decoder_config", "patcher_config"),
+}
 
 
 def family(model_type: object) -> Family:
@@ -232,14 +237,14 @@ def family(model_type: object) -> Family:
 
     Raises:
         ValueError: a ``model_type`` the table does not know (or none), naming it and
-            saying how to build the rotation explicitly; an encoder-decoder's whole config
-            (``ENCODER_DECODERS``), naming the sub-configs to pass instead.
+            saying how to build the rotation explicitly; the whole config of a model of
+            several stacks (``STACKS``), naming the sub-configs to pass instead.
     """
-    if isinstance(model_type, str) and model_type in ENCODER_DECODERS:
-        encoder, decoder = ENCODER_DECODERS[model_type]
+    if isinstance(model_type, str) and model_type in STACKS:
+        parts = ", ".join(f"config.{name}" for name in STACKS[model_type])
         raise ValueError(
-            f"model_type {model_type!r} is an encoder-decoder whose stacks have their own "
-            f"rope settings; pass one of them: config.{encoder} or config.{decoder}"
+            f"model_type {model_type!r} has several stacks with their own rope settings; "
+            f"pass one of them: {parts}"
         )
     found = FAMILIES.get(model_type) if isinstance(model_type, str) else None
     if found is None:
