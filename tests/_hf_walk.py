@@ -121,6 +121,10 @@ RECEIVES = {
     # refused)
     "dia/DiaRotaryEmbedding": ("DiaConfig", (("encoder_config",), ("decoder_config",))),
     "t5gemma/T5GemmaRotaryEmbedding": ("T5GemmaConfig", (("encoder",), ("decoder",))),
+    "deepseek_ocr2/DeepseekOcr2VisionRotaryEmbedding": (
+        "DeepseekOcr2VisionConfig",
+        (("encoder_config",),),
+    ),
     "blt/BltRotaryEmbedding": (
         "BltConfig",
         (("encoder_config",), ("global_config",), ("decoder_config",), ("patcher_config",)),

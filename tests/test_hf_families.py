@@ -48,7 +48,6 @@ UNSUPPORTED = {
     **{
         case: SCHEME_PENDING
         for case in [
-            "deepseek_ocr2/DeepseekOcr2VisionRotaryEmbedding",
             "eomt_dinov3/EomtDinov3RotaryEmbedding",
             "gemma4/Gemma4VisionRotaryEmbedding",
             "hunyuan_vl/HunYuanVLRotaryEmbedding",

@@ -105,6 +105,7 @@ qwen2_5_omni_dit qwen2_moe qwen3 qwen3_moe qwen3_next recurrent_gemma seed_oss s
 stablelm starcoder2 t5gemma2_text timesfm2_5 ultrabert unlimited_ocr_text vaultgemma xcodec2
 zaya lfm3 beam glm4_moe esmc gpt_oss emu3_text_model step3p5 voxtral_realtime_text
 qwen3_omni_moe_talker_code_predictor dia_encoder dia_decoder t5_gemma_module
+deepseek_ocr2_encoder
 """
 _INTERLEAVED = """
 cohere cohere2_moe ernie4_5 ernie4_5_moe glm glm4 helium moonshine_streaming
@@ -152,9 +153,6 @@ _AXIAL_VARIANTS = {
     "minimax_m3_vl_vision": "axial_thw",
     "eomt_dinov3": "dinov3",
 }
-# DeepSeek-OCR2's vision encoder is a 1-D RoPE decoder over patch and query tokens, kept in
-# its encoder_config, which the config reader does not descend into
-_AXIAL_PENDING = "deepseek_ocr2_vision"
 # per-layer-type rope parameters and per-layer head dims (per_layer_config), as Gemma 4
 _PROPORTIONAL = """
 gemma4 gemma4_text gemma4_unified gemma4_unified_text diffusion_gemma_text embedding_gemma2
@@ -178,7 +176,6 @@ FAMILIES: dict[str, Family] = {
     "pixtral": Family(scheme="axial_alternating"),
     "dinov3_vit": Family(scheme="dinov3"),
     **{name: Family(scheme=scheme) for name, scheme in _AXIAL_VARIANTS.items()},
-    **{name: Family(scheme="pending:axial") for name in _AXIAL_PENDING.split()},
     **{name: Family(scheme="proportional") for name in _PROPORTIONAL.split()},
     **{name: Family(scheme="temperature") for name in _TEMPERATURE.split()},
     "gptj": GPTJ,
@@ -229,6 +226,9 @@ STACKS = {
     "dia": ("encoder_config", "decoder_config"),
     "t5gemma": ("encoder", "decoder"),
     "blt": ("encoder_config", "global_config", "decoder_config", "patcher_config"),
+    # DeepSeek-OCR2's vision tower: a SAM encoder (no RoPE), then a 1-D RoPE decoder over
+    # patch and query tokens
+    "deepseek_ocr2_vision": ("encoder_config",),
 }
 
 
