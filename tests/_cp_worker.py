@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 import posenc
-from _build import SCALINGS, B, D, build_encoding, make_inputs
+from _build import SCALINGS, B, D, build_encoding, make_inputs, positions_for
 
 T = 16
 
@@ -81,9 +81,10 @@ def compare(name: str, scaling: str | None, split: str, rank: int, world: int) -
         got.append(gather(enc.embed(x[:, mine], mine), mine, dim=1))
         want.append(full.embed(x, pos))
     if sites & posenc.Site.QK:
-        q_mine, k_mine = enc.rotate(q[..., mine, :], k[..., mine, :], mine, mine)
+        at_mine, at_all = positions_for(enc, mine), positions_for(full, pos)  # M-RoPE, axial
+        q_mine, k_mine = enc.rotate(q[..., mine, :], k[..., mine, :], at_mine, at_mine)
         got += [gather(q_mine, mine, dim=2), gather(k_mine, mine, dim=2)]
-        want += list(full.rotate(q, k, pos, pos))
+        want += list(full.rotate(q, k, at_all, at_all))
     if sites & posenc.Site.SCORE:
         keys = gather(k[..., mine, :], mine, dim=2)  # every key, from every rank
         rows = enc.score_bias(q[..., mine, :], keys, mine, pos)  # [B|1, H, T/R, T]

@@ -26,7 +26,7 @@ from torch._dynamo.testing import CompileCounter
 from torch._dynamo.utils import counters
 
 import posenc
-from _build import B, C, H, build_encoding
+from _build import B, C, H, attention_positions, build_encoding
 from conftest import tolerances
 
 LENGTHS = (5, 7, 9, 12)
@@ -67,8 +67,8 @@ def test_fullgraph_capture_matches_eager_without_recompiling_per_length(name):
     reordered = name in ("rope", "xpos") or posenc.info(name).cls.offset_only
     exact = tolerances(torch.float32) if reordered else {"rtol": 0, "atol": 0}
     for length in LENGTHS:
-        x = _inputs(length)
-        torch.testing.assert_close(compiled(x), layer(x), **exact)
+        x, pos = _inputs(length), attention_positions(layer.position, None, length)
+        torch.testing.assert_close(compiled(x, pos), layer(x, pos), **exact)
     assert counter.frame_count <= 2, f"{counter.frame_count} graphs for {len(LENGTHS)} lengths"
 
 
@@ -83,8 +83,10 @@ def test_inductor_matches_eager(name):
     layer = _layer(name)
     compiled = torch.compile(layer, fullgraph=True)
     for length in LENGTHS[:3]:
-        x = _inputs(length)
-        torch.testing.assert_close(compiled(x), layer(x), **tolerances(torch.float32, ops=64))
+        x, pos = _inputs(length), attention_positions(layer.position, None, length)
+        torch.testing.assert_close(
+            compiled(x, pos), layer(x, pos), **tolerances(torch.float32, ops=64)
+        )
     assert counters["stats"]["unique_graphs"] <= 2
 
 

@@ -35,6 +35,7 @@ from posenc import (
 )
 from posenc.base import POSITION_SHAPES
 from posenc.encodings.rotary.mrope import mrope_decode_positions, mrope_position_ids
+from posenc.lab.config import resolve_encodings
 from posenc.reference import llama3_frequencies, rope_frequencies, rope_rotate
 from posenc.reference import rope_schemes as ref
 
@@ -244,3 +245,13 @@ def test_register_refuses_an_unknown_or_unusable_position_shape():
     with pytest.raises(ValueError, match=r"_Patches declares positions \[N, A\] but no attention"):
         posenc.register("patches", paper="-", description="-")(_Patches)
     assert "grid" not in posenc.available() and "patches" not in posenc.available()
+
+
+def test_the_lab_trains_token_encodings_and_refuses_patch_encodings():
+    """``posenc lab --encodings all``: the structured text encodings (M-RoPE reads token
+    positions as text) but not axial RoPE, which needs image coordinates."""
+    names = resolve_encodings(["all"])
+    assert {"mrope", "mla_rope", "temperature", "rope"} <= set(names)
+    assert "axial_rope" not in names
+    with pytest.raises(ValueError, match="'axial_rope' takes image patch coordinates"):
+        resolve_encodings(["rope,axial_rope"])

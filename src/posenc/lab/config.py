@@ -273,16 +273,24 @@ def quick_defaults(task: str) -> dict[str, object]:
 def resolve_encodings(names: list[str]) -> tuple[str, ...]:
     """Expand ``all`` and comma-separated lists into registered names (order kept).
 
+    ``all`` is every encoding of token sequences: those taking image patch coordinates
+    (``position_shape`` ``"[N, A]"``, axial RoPE) have no positions in a text task.
+
     Raises:
-        ValueError: an unknown name (the message lists the known ones).
+        ValueError: an unknown name (the message lists the known ones), or a patch encoding.
     """
     out: list[str] = []
     for item in names:
         for name in (part.strip() for part in item.split(",")):
             if not name:
                 continue
-            for resolved in available() if name == "all" else [name]:
-                info(resolved)
+            text = [n for n in available() if info(n).position_shape != "[N, A]"]
+            for resolved in text if name == "all" else [name]:
+                if info(resolved).position_shape == "[N, A]":
+                    raise ValueError(
+                        f"encoding {resolved!r} takes image patch coordinates [N, A]; the "
+                        "lab's tasks are token sequences"
+                    )
                 if resolved not in out:
                     out.append(resolved)
     if not out:

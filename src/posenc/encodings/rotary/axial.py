@@ -256,11 +256,13 @@ class AxialRope(PositionalEncoding):
         in the order of the module docstring (before the ``pairs`` layout places it).
 
         Integer coordinates ``0..G-1`` read a ``[G, P]`` table of the grid's coordinates
-        (the same float64 products, rounded once); others are computed directly.
+        (the same float64 products, rounded once); others, and all under ``torch.compile``
+        (no host sync), are computed directly.
         """
         device, out = positions.device, compute_dtype(dtype)
         inv_freq, axis = self._inv_freq.to(device), self._axis.to(device)
-        if positions.is_floating_point() or not positions.numel() or int(positions.min()) < 0:
+        direct = positions.is_floating_point() or torch.compiler.is_compiling()  # no host sync
+        if direct or not positions.numel() or int(positions.min()) < 0:
             angles = positions.to(torch.float64).index_select(-1, axis) * inv_freq
             return angles.cos().to(out), angles.sin().to(out)
         coords = torch.arange(int(positions.max()) + 1, dtype=torch.float64, device=device)
