@@ -145,6 +145,18 @@ def test_readme_encodings_table_is_posenc_list(capsys):
     assert names == posenc.available()
 
 
+def test_list_models_fits_80_columns_with_each_family_and_its_scheme(capsys):
+    from posenc.hf.families import FAMILIES
+
+    lines = run(capsys, "list", "--models")[0].splitlines()
+    assert max(map(len, lines)) <= 80
+    rows = {line.split()[0]: line for line in lines if line.startswith(" ") and line.strip()}
+    assert set(FAMILIES) <= set(rows)
+    schemes = {"qwen2_vl": "mrope", "pixtral": "axial_alternating", "ministral3": "temperature"}
+    for model_type, scheme in schemes.items():
+        assert scheme in rows[model_type].split(), (model_type, rows[model_type])
+
+
 def test_list_json_has_every_field_in_full(capsys):
     entries = json.loads(run(capsys, "list", "--json")[0])
     assert [e["name"] for e in entries] == posenc.available()
