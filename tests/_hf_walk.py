@@ -72,6 +72,16 @@ QWEN3_OMNI_TEXT = {
 CONFIG_FIELDS = {
     "glm4_moe": {"head_dim": 128},  # GLM-4.5: 4096 / 96 heads is not its head dim
     "esm": {"position_embedding_type": "rotary"},  # ESM-2 (the default is absolute)
+    # DeepSeek-V4 with each of its layer types (the default has no sliding-window layer)
+    "deepseek_v4": {
+        "num_hidden_layers": 3,
+        "layer_types": [
+            "sliding_attention",
+            "compressed_sparse_attention",
+            "heavily_compressed_attention",
+        ],
+        "mlp_layer_types": ["moe"] * 3,
+    },
     "glm4v/Glm4vTextRotaryEmbedding": {"rope_parameters": HALF_ROTARY},
     "glm_image/GlmImageTextRotaryEmbedding": {"rope_parameters": HALF_ROTARY},
     "glm4v_moe/Glm4vMoeTextRotaryEmbedding": {"head_dim": 128},
@@ -129,6 +139,14 @@ RECEIVES = {
         "BltConfig",
         (("encoder_config",), ("global_config",), ("decoder_config",), ("patcher_config",)),
     ),
+}
+#: rotaries keyed by a rope name, not by the layer type: the name of each layer type
+ROPE_KEYS = {
+    "deepseek_v4/DeepseekV4RotaryEmbedding": {
+        "sliding_attention": "main",
+        "compressed_sparse_attention": "compress",
+        "heavily_compressed_attention": "compress",
+    },
 }
 _ROTARY = re.compile(r"^class (\w*RotaryEmbedding)\(", re.M)
 
@@ -296,7 +314,7 @@ def hf_rotate(case: RotaryCase, config, q, k, positions, layer_type):
     rotary = getattr(module, case.rotary)(config)
     kwargs = {}
     if layer_type is not None and "layer_type" in inspect.signature(rotary.forward).parameters:
-        kwargs["layer_type"] = layer_type
+        kwargs["layer_type"] = ROPE_KEYS.get(case.id, {}).get(layer_type, layer_type)
     out = rotary(q, positions, **kwargs)
     apply = _apply(case, config)
     if not isinstance(out, tuple):  # complex freqs_cis [B, T, R/2]

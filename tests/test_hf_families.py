@@ -29,8 +29,6 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 # case id -> why posenc does not match it; posenc refuses every "refused:" config with a
 # ValueError (never a plausible wrong rotation)
 UNSUPPORTED = {
-    "deepseek_v4/DeepseekV4RotaryEmbedding": "refused: compressed-attention layers with their "
-    "own base (compress_rope_theta)",
     "edgetam_video/EdgeTamVideoVisionRotaryEmbedding": "refused: 2-D memory-attention RoPE",
     "sam2_video/Sam2VideoVisionRotaryEmbedding": "refused: 2-D memory-attention RoPE",
     "sam3_tracker_video/Sam3TrackerVideoVisionRotaryEmbedding": "refused: 2-D memory-attention "
