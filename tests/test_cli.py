@@ -164,6 +164,10 @@ def test_list_json_has_every_field_in_full(capsys):
         info = posenc.info(entry["name"])
         assert entry["paper"] == info.paper and entry["description"] == info.description
         assert entry["sites"] == info.sites.names()
+        assert entry["positions"] == info.position_shape
+    shapes = {e["name"]: e["positions"] for e in entries}
+    assert shapes["rope"] == "[T]" and shapes["mrope"] == "[A, T]"
+    assert shapes["axial_rope"] == "[N, A]"
 
 
 # --------------------------------------------------------------------------- explain

@@ -3,7 +3,8 @@
 The table has the columns of the README's encodings table, which is generated from the
 same rows (``encoding_rows``; ``posenc list --markdown`` prints it, and a test checks the
 README holds exactly that). It wraps inside the terminal (80 columns when there is no
-terminal); ``--json`` gives every field in full, the papers' titles included.
+terminal); ``--json`` gives every field in full, the papers' titles and the shape of the
+positions the encoding takes (``position_shape``) included.
 """
 
 from __future__ import annotations
@@ -101,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         entries = [
             {"name": n, "sites": info(n).sites.names(), "paper": info(n).paper,
-             "description": info(n).description, "class": info(n).cls.__qualname__}
+             "description": info(n).description, "class": info(n).cls.__qualname__,
+             "positions": info(n).position_shape}
             for n in available()
         ]  # fmt: skip
         print(json.dumps(entries, indent=1, ensure_ascii=False))
