@@ -194,8 +194,10 @@ def layer_plan(config: object) -> list[PositionalEncoding]:
         )
     cfg, fam = config_family(config)
     counted = cfg  # a scheme's composite config counts the layers of its text part
-    for key in SUB_CONFIGS:
-        if "num_hidden_layers" not in counted and cfg.get(key) is not None:
-            counted = as_config_dict(cfg[key])
+    while "num_hidden_layers" not in counted:  # Omni: thinker_config, then its text_config
+        sub = next((counted[k] for k in SUB_CONFIGS if counted.get(k) is not None), None)
+        if sub is None:
+            break
+        counted = as_config_dict(sub)
     source = cfg if fam.scheme is None else config
     return [from_hf_config(source, layer_idx=i) for i in range(_num_layers(counted))]
