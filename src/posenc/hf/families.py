@@ -216,6 +216,7 @@ FAMILIES: dict[str, Family] = {
         Family(layers="layer_rope_theta", fields=frozenset({"layer_rope_theta"})),
     ),
     "esm": Family(fields=frozenset({"position_embedding_type"})),
+    "deepseek_v4": Family(scheme="deepseek_v4"),
     "nanochat": Family(clockwise=True),  # rotate_half with flipped signs: by -theta
     "evolla": Family(fields=frozenset({"position_embedding_type"})),
 }

@@ -35,6 +35,8 @@ axial_xy_per_axis  Gemma 4 vision (each axis a half-split block)           Axial
 axial_xy_cyclic    Kimi K2.5 vision (pairs alternate column, row)          AxialRope
 axial_thw          MiniMax-M3-VL vision (t, y, x on 2 floor(D/6) each)     AxialRope
 mla                DeepSeek-V2/V3 decoupled RoPE (``qk_rope_head_dim``)    MLARope
+deepseek_v4        DeepSeek-V4 (last R = f D features, adjacent pairs;       TrailingRope
+                   ``main`` / ``compress`` rope parameters by layer type)
 temperature        Ministral 3 (RoPE), Mistral 4 (MLA): + query temperature Compose
                    Llama 4 NoPE layers (``attn_temperature_tuning``)       PositionTemperature
 ================== ======================================================= ==============
@@ -79,6 +81,7 @@ from posenc.encodings.rotary.module import RotaryEmbedding
 from posenc.encodings.rotary.mrope import MRoPE, _sections
 from posenc.encodings.rotary.scaling import DEFAULT_BASE
 from posenc.encodings.rotary.temperature import PositionTemperature
+from posenc.encodings.rotary.trailing import TrailingRope
 
 __all__ = ["SCHEMES", "build_scheme"]
 
@@ -343,6 +346,46 @@ def _mla(cfg: Mapping[str, Any], layer_type: str | None, layer_idx: int | None) 
     )
 
 
+def _deepseek_v4(cfg: Mapping[str, Any], layer_type: str | None, layer_idx: int | None):
+    """DeepSeek-V4: sliding-window layers take rope parameters ``main``, the compressed
+    (CSA / HCA) layers ``compress`` (base ``compress_rope_theta``, YaRN in the releases)."""
+    params = cfg.get("rope_parameters")
+    if not (isinstance(params, Mapping) and {"main", "compress"} <= set(params)):
+        raise ValueError(
+            "model_type 'deepseek_v4' needs rope_parameters with 'main' and 'compress' dicts "
+            f"(as transformers' DeepseekV4Config writes them), got {params!r}"
+        )
+    kinds = cfg.get("layer_types") or []
+    if layer_idx is not None:
+        kinds = [_layer_type(cfg, None, layer_idx)]
+    elif layer_type is not None:
+        kinds = [_layer_type(cfg, layer_type, None)]
+    keys = {"main" if kind == "sliding_attention" else "compress" for kind in kinds}
+    if len(keys) != 1:
+        raise ValueError(
+            f"model_type 'deepseek_v4' rotates its layers with rope parameters {sorted(keys)}: "
+            "pass layer_idx or layer_type"
+        )
+    key = keys.pop()
+    found = _rope_params({"rope_parameters": params[key]}, None)
+    if key == "compress" and found["rope_theta"] != cfg.get(
+        "compress_rope_theta", found["rope_theta"]
+    ):
+        raise ValueError(
+            f"compress_rope_theta={cfg['compress_rope_theta']} disagrees with "
+            f"rope_parameters['compress']['rope_theta']={found['rope_theta']}"
+        )
+    head_dim = _head_dim(cfg)
+    rotary_dim = int(head_dim * found.pop("partial_rotary_factor", 1.0))
+    if cfg.get("qk_rope_head_dim") not in (None, rotary_dim):
+        raise ValueError(
+            f"qk_rope_head_dim={cfg['qk_rope_head_dim']} is not the rotated part {rotary_dim} of "
+            f"head_dim={head_dim} given by partial_rotary_factor"
+        )
+    base = found.pop("rope_theta")
+    return TrailingRope(head_dim, rotary_dim, base=base, scaling=found, interleaved=True)
+
+
 def _temperature(cfg: Mapping[str, Any], layer_type: str | None, layer_idx: int | None):
     if cfg.get("attn_temperature_tuning"):  # Llama 4: the NoPE layers' temperature alone
         return PositionTemperature(cfg["attn_scale"], cfg["floor_scale"], offset=1)
@@ -380,6 +423,7 @@ SCHEMES: dict[str, Builder] = {
     "axial_thw": _axial(thirds=True),
     "dinov3": _dinov3,
     "mla": _mla,
+    "deepseek_v4": _deepseek_v4,
     "temperature": _temperature,
 }
 _VISION = frozenset(name for name in SCHEMES if name.startswith(("axial", "dinov3")))
