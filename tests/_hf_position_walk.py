@@ -32,6 +32,15 @@ GROUPS = {
     "table": re.compile(r"self\.(wpe|position_embeddings|embed_positions) = nn\.Embedding\("),
 }
 
+#: Families checked by their own test in test_interop_text_families.py, not a group's.
+OWN_TESTS = {
+    "whisper": "test_whisper_stacks_equal_the_encoder_and_decoder_tables",
+    "udop": "test_udop_biases_equal_the_encoder_and_decoder_ones",
+    "roformer": "test_roformer_rotation_equals_its_sinusoidal_rotary",
+    "mpnet": "test_mpnet_table_and_buckets_equal_its_own",
+    "layoutlmv2": "test_layoutlmv2_text_embeddings_read_posencs_positions",
+}
+
 #: Small sizes under every spelling the config classes use.
 TINY = {
     "hidden_size": 16,
@@ -122,3 +131,32 @@ def tiny_config(model_type: str, **overrides: object):
     defaults = cls().to_dict()
     kwargs = {key: value for key, value in TINY.items() if key in defaults}
     return cls(**{**kwargs, **overrides})
+
+
+def tiny_composite_config(model_type: str, sub: dict[str, dict] | None = None, **overrides):
+    """A multimodal family's config with ``TINY`` sizes in every sub-config too.
+
+    ``sub`` adds fields per sub-config (``{"text_config": {...}}``); a ``text_config`` that
+    any model may fill (BLIP-2's language model) gets a tiny OPT, other open sub-configs
+    (TVP's backbone) their defaults.
+    """
+    from transformers import CONFIG_MAPPING, AutoConfig
+
+    cls = CONFIG_MAPPING[model_type]
+    kwargs: dict[str, dict] = {}
+    for key, sub_cls in getattr(cls, "sub_configs", {}).items():
+        if sub_cls is not AutoConfig:
+            kwargs[key] = _tiny_fields(sub_cls)
+        elif key == "text_config":
+            kwargs[key] = {"model_type": "opt", **_tiny_fields(CONFIG_MAPPING["opt"])}
+        else:
+            continue
+        kwargs[key].update((sub or {}).get(key, {}))
+    return tiny_config(model_type, **kwargs, **overrides)
+
+
+def _tiny_fields(cls) -> dict[str, object]:
+    """The ``TINY`` sizes that ``cls`` accepts with the same type (CLAP's audio heads are
+    a list per stage, for one)."""
+    defaults = cls().to_dict()
+    return {k: v for k, v in TINY.items() if k in defaults and type(defaults[k]) is type(v)}

@@ -4,7 +4,9 @@ The families come from ``_hf_position_walk`` (their sources, not a list written 
 Each one is either checked below, group by group, against its own code on positions
 ``0..T-1`` and at an offset, or named in ``UNSUPPORTED`` with the reason; a family in
 neither, or a mismatch, fails. posenc's side is always ``build_position_module`` on the
-family's config, with the weights copied by one ``load_hf_weights`` call.
+family's config, with the weights copied by one ``load_hf_weights`` call. The families of
+the walk's ``OWN_TESTS`` (two stacks, extra biases, a rotary table) are checked by their
+own tests in ``test_interop_text_families.py`` instead of their group's.
 
 * alibi: the family's own builder; equal up to a constant per query row (what the
   softmax ignores), within the rounding of the family's own product ``m * j``.
@@ -14,6 +16,10 @@ family's config, with the weights copied by one ``load_hf_weights`` call.
   offset, and with left padding where it counts real tokens.
 * table: a tiny random model of the family run on a left-padded batch; the rows its
   position table is read at equal posenc's positions plus the family's offset.
+* multimodal text towers (``posenc.hf.composite``): the family's tiny random composite
+  model, its text tower run on a left-padded batch, and after a cache where it takes one;
+  the rows read (or the sinusoidal module's output) equal posenc's, built from the
+  composite config.
 
 Shapes: ``B`` batch, ``H`` heads, ``T`` length, ``C`` d_model.
 """
@@ -21,6 +27,7 @@ Shapes: ``B`` batch, ``H`` heads, ``T`` length, ``C`` d_model.
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass, field
 
 import pytest
 import torch
@@ -36,51 +43,117 @@ from posenc.hf.absolute import (  # noqa: E402
     load_hf_weights,
     positions_skipping_padding,
 )
+from posenc.hf.composite import text_tower  # noqa: E402
 
 T, OFFSET, PAD = 6, 40, 1
 EPS32 = torch.finfo(torch.float32).eps
 
 _VISION = "positions of image patches or audio frames, not text"
-_COMPOSITE = "text tower inside a multimodal model; its table is not wired to a config here"
-_NOT_YET = "not in posenc's family table yet"
-_LAYOUT = "2-D layout (bounding box) inputs beside the text positions; not wired here"
 #: family -> why posenc does not build its positions.
 UNSUPPORTED = {
-    **dict.fromkeys(("eomt", "videomt", "tvp", "vilt", "imagegpt", "perceiver"), _VISION),
+    **dict.fromkeys(("eomt", "videomt", "imagegpt"), _VISION),
     **dict.fromkeys(("data2vec", "qwen2_audio", "voxtral", "audioflamingo3"), _VISION),
     **dict.fromkeys(("moss_transcribe_diarize", "autoformer", "informer"), _VISION),
     **dict.fromkeys(("time_series_transformer", "tipsv2", "pp_doclayout_v2"), _VISION),
-    **dict.fromkeys(
-        ("align", "altclip", "blip", "blip_2", "bridgetower", "chinese_clip"), _COMPOSITE
-    ),
-    **dict.fromkeys(("clap", "flava", "git", "instructblip", "instructblipvideo"), _COMPOSITE),
-    **dict.fromkeys(("kosmos2", "kosmos2_5", "lxmert", "visual_bert", "evolla"), _COMPOSITE),
-    **dict.fromkeys(("seamless_m4t", "seamless_m4t_v2", "speecht5"), _COMPOSITE),
-    "whisper": "encoder sinusoidal and decoder learned in one config (build each by hand)",
-    "udop": "2-D layout biases on top of T5's buckets",
+    "evolla": "protein-sequence positions of its SaProt encoder (rotary unless "
+    "position_embedding_type='absolute'); its language model is rotary (from_hf_config)",
     "deberta": "disentangled relative attention (position_biased_input)",
     "deberta_v2": "disentangled relative attention (position_biased_input)",
-    "tapas": "positions reset per table cell",
     "decision_transformer": "timestep embeddings, not token positions",
-    "pp_formulanet": _NOT_YET,
-    "roformer": "a sinusoidal table used as a rotary embedding",
-    "fsmt": _NOT_YET,
-    "esm": "absolute or rotary by position_embedding_type; " + _NOT_YET,
-    **dict.fromkeys(("bros", "layoutlmv2", "layoutlmv3", "lilt"), _LAYOUT),
-    "mpnet": "an absolute table plus T5-style relative buckets in attention; " + _NOT_YET,
 }
 
 
 def _cases(group: str) -> list[str]:
     return sorted(
-        f for f, groups in walk.families().items() if group in groups and f not in UNSUPPORTED
+        f
+        for f, groups in walk.families().items()
+        if group in groups and f not in UNSUPPORTED and f not in walk.OWN_TESTS
     )
+
+
+@dataclass(frozen=True)
+class _Tower:
+    """How a multimodal family's text tower is run: ``table`` holds its text positions
+    (an ``nn.Embedding`` or the family's sinusoidal module), ``call`` is the sub-module run
+    on ``(input_ids, attention_mask)``; ``cache``: it takes ``past_key_values``."""
+
+    table: str
+    call: str = ""
+    model: str = ""  # a class of the family's modeling module; "": AutoModel
+    tower: str | None = None
+    cache: bool = False
+    sub: dict = field(default_factory=dict)
+    prefix: str | None = None  # for load_hf_weights, where the model holds other tables
+    top: dict = field(default_factory=dict)  # top-level config fields
+
+
+_TEXT_MODEL = _Tower("text_model.embeddings.position_embeddings", "text_model")
+#: SeamlessM4T's own padding_idx 0: its rows start at 1, not at fairseq's 2
+_SEAMLESS = _Tower(
+    "text_decoder.embed_positions", "text_decoder", cache=True, top={"pad_token_id": 0}
+)
+#: InstructBLIP's Q-Former reads the instruction; its language model (OPT here) has a table too
+_QFORMER = _Tower(
+    "qformer.embeddings.position_embeddings", "qformer", tower="qformer_config", prefix="qformer."
+)
+_HF_TOWERS = {
+    "align": _TEXT_MODEL,
+    "altclip": _Tower("text_model.roberta.embeddings.position_embeddings", "text_model"),
+    "blip": _Tower(
+        "text_decoder.bert.embeddings.position_embeddings",
+        "text_decoder",
+        "ForConditionalGeneration",
+        cache=True,
+    ),
+    "blip_2": _Tower(
+        "embeddings.position_embeddings",
+        model="TextModelWithProjection",
+        tower="qformer_config",
+        sub={"qformer_config": {"use_qformer_text_input": True}},
+    ),
+    "bridgetower": _Tower(
+        "text_model.embeddings.position_embeddings",
+        "text_model",
+        sub={"vision_config": {"hidden_size": 64}},
+    ),
+    "chinese_clip": _TEXT_MODEL,
+    "clap": _TEXT_MODEL,
+    "flava": _TEXT_MODEL,
+    "git": _Tower("embeddings.position_embeddings", cache=True),
+    **dict.fromkeys(("instructblip", "instructblipvideo"), _QFORMER),
+    "kosmos2": _Tower(
+        "text_model.model.embed_positions",
+        "text_model",
+        cache=True,
+        sub={"text_config": {"attention_heads": 2, "layers": 1, "ffn_dim": 32}},
+    ),
+    "kosmos2_5": _Tower("text_model.model.embed_positions", "text_model", cache=True),
+    "lxmert": _Tower("embeddings.position_embeddings"),
+    "perceiver": _Tower(
+        "perceiver.input_preprocessor.position_embeddings",
+        model="ForMaskedLM",
+        tower="text",
+        top={"d_latents": 16, "num_latents": 4, "num_self_attends_per_block": 1},
+    ),
+    #: TVP's video frames read a second table of the same shape (visual_embeddings.)
+    "tvp": _Tower("embeddings.position_embeddings", "embeddings", prefix="embeddings."),
+    "vilt": _Tower("embeddings.text_embeddings.position_embeddings", "embeddings.text_embeddings"),
+    "visual_bert": _Tower("embeddings.position_embeddings"),
+    **dict.fromkeys(("seamless_m4t", "seamless_m4t_v2"), _SEAMLESS),
+    "speecht5": _Tower(
+        "speecht5.decoder.prenet.embed_positions",
+        "speecht5.decoder",
+        "ForSpeechToText",
+        tower="text_decoder",
+        cache=True,
+    ),
+}
 
 
 def test_every_family_is_checked_or_unsupported_with_a_reason():
     found = set(walk.families())
     assert set(UNSUPPORTED) <= found, f"stale entries: {sorted(set(UNSUPPORTED) - found)}"
-    checked = {f for group in walk.GROUPS for f in _cases(group)}
+    checked = {f for group in walk.GROUPS for f in _cases(group)} | set(walk.OWN_TESTS)
     assert checked | set(UNSUPPORTED) == found
     print(f"matched {len(checked)} / {len(found)} families")  # the README's coverage
 
@@ -223,17 +296,19 @@ def _construct(cls):
     if hasattr(module, "create_weight"):  # Marian, Pegasus: filled by the model's init
         with torch.no_grad():
             module.weight.copy_(module.create_weight())
+    if hasattr(module, "make_weight"):  # FSMT: filled by the model's init
+        module.make_weight(ROWS, C, PAD)
     return module
 
 
 CLASS_CASES = [(f, "learned_class") for f in _cases("learned_class")]
-CLASS_CASES += [(f, "sinusoidal_class") for f in _cases("sinusoidal_class")]
+CLASS_CASES += [(f, "sinusoidal_class") for f in _cases("sinusoidal_class") if f not in _HF_TOWERS]
 
 
 @pytest.mark.parametrize(("family", "group"), CLASS_CASES, ids=["-".join(c) for c in CLASS_CASES])
 def test_position_module_classes_equal_posenc(family, group):
     torch.manual_seed(0)
-    mt = walk.model_type_of(family)
+    mt = {"pp_formulanet": "pp_formulanet_text"}.get(family, walk.model_type_of(family))
     learned = group == "learned_class"
     suffix = "LearnedPositionalEmbedding" if learned else "SinusoidalPositionalEmbedding"
     theirs_module = _construct(walk.classes(family, suffix)[0])
@@ -261,7 +336,20 @@ def test_position_module_classes_equal_posenc(family, group):
 # ------------------------------------------------------------------ absolute: whole models
 
 
-TINY_OVERRIDES = {"gpt_neo": {"attention_types": [[["global"], 1]]}}
+_NO_LAYOUT_BIASES = {"has_relative_attention_bias": False, "has_spatial_attention_bias": False}
+TINY_OVERRIDES = {
+    "gpt_neo": {"attention_types": [[["global"], 1]]},
+    "layoutlmv3": {"coordinate_size": 3, "shape_size": 2, **_NO_LAYOUT_BIASES},  # 4*3+2*2 = C
+    "lilt": {"hidden_size": 24},  # its box features are C/6 wide
+    "bros": {"hidden_size": 64},  # its box sinusoids are C/32 wide per coordinate
+    "tapas": {"reset_position_index_per_cell": False},  # on: test_interop_text_families.py
+}
+_BOXES = torch.tensor([1, 2, 5, 7]).expand(2, T, 4)  # [B, T, 4], boxes in 0..1000 units
+EXTRA_INPUTS = {
+    "bros": {"bbox": _BOXES / 10},
+    "lilt": {"bbox": _BOXES},
+    "layoutlmv3": {"bbox": _BOXES},
+}
 
 
 def _table(model, width: int) -> torch.nn.Embedding:
@@ -278,7 +366,7 @@ def _table(model, width: int) -> torch.nn.Embedding:
     return found[0]
 
 
-@pytest.mark.parametrize("family", _cases("table"))
+@pytest.mark.parametrize("family", [f for f in _cases("table") if f not in _HF_TOWERS])
 def test_family_models_read_their_table_at_posencs_positions(family):
     torch.manual_seed(0)
     mt = walk.model_type_of(family)
@@ -297,7 +385,7 @@ def test_family_models_read_their_table_at_posencs_positions(family):
     ids = _padded(T)
     mask = ids != PAD
     with torch.no_grad():
-        model(input_ids=ids, attention_mask=mask.long())
+        model(input_ids=ids, attention_mask=mask.long(), **EXTRA_INPUTS.get(family, {}))
     hook.remove()
     positions = (
         positions_skipping_padding(mask) if spec.skips_padding else torch.arange(T).expand(2, -1)
@@ -307,3 +395,102 @@ def test_family_models_read_their_table_at_posencs_positions(family):
     torch.testing.assert_close(read[mask], positions[mask] + offset, rtol=0, atol=0)
     with torch.no_grad():
         torch.testing.assert_close(enc.encoding(positions)[mask], table(read)[mask], rtol=0, atol=0)
+
+
+# --------------------------------------------------------- absolute: multimodal text towers
+
+
+def _tower_model(family: str, spec: _Tower):
+    mt = walk.model_type_of(family)
+    cfg = walk.tiny_composite_config(mt, spec.sub, **spec.top)
+    if spec.model:
+        (cls,) = walk.classes(family, spec.model)
+        return cfg, cls(cfg).eval()
+    return cfg, transformers.AutoModel.from_config(cfg).eval()
+
+
+def _tower_inputs(family: str, module, cfg, ids: torch.Tensor, mask: torch.Tensor) -> dict:
+    """The arguments of the family's text tower beyond ids and mask (stand-in image or
+    speech features: they never reach the text positions)."""
+    params = inspect.signature(module.forward).parameters
+    name = "input_ids" if "input_ids" in params else "input_values"  # SpeechT5's decoder
+    kwargs = {name: ids}
+    if "attention_mask" in params:  # ViLT's text embeddings take none
+        kwargs["attention_mask"] = mask.long()
+    g = torch.Generator().manual_seed(1)
+    if "visual_feats" in params:  # LXMERT
+        kwargs["visual_feats"] = torch.randn(2, 3, cfg.visual_feat_dim, generator=g)
+        kwargs["visual_pos"] = torch.rand(2, 3, cfg.visual_pos_dim, generator=g)
+    if "query_embeds" in params:  # InstructBLIP's Q-Former: learned queries before the text
+        width = cfg.qformer_config.hidden_size
+        kwargs["query_embeds"] = torch.randn(2, 2, width, generator=g)
+        kwargs["attention_mask"] = torch.cat([torch.ones(2, 2, dtype=torch.long), mask.long()], 1)
+        width = cfg.qformer_config.encoder_hidden_size
+        kwargs["encoder_hidden_states"] = torch.randn(2, 3, width, generator=g)
+    elif "encoder_hidden_states" in params and "decoder" in type(module).__name__.lower():
+        kwargs["encoder_hidden_states"] = torch.randn(2, 3, C, generator=g)
+    return kwargs
+
+
+def _positions_read(family: str, spec: _Tower, model, cfg, ids, mask, past: int):
+    """Run the tower on ``ids[:, past:]`` after a cache of ``ids[:, :past]``; returns what its
+    position module gave (the rows read, or the sinusoidal output) and that module."""
+    module = model.get_submodule(spec.call) if spec.call else model
+    table = model.get_submodule(spec.table)
+    seen = []
+    if isinstance(table, torch.nn.Embedding):
+        hook = table.register_forward_pre_hook(lambda _, args: seen.append(args[0]))
+    else:
+        # a copy: Kosmos-2.5 adds its segment embedding in place
+        hook = table.register_forward_hook(lambda _m, _a, out: seen.append(out.clone()))
+    kwargs = {}
+    with torch.no_grad():
+        if past:
+            first = _tower_inputs(family, module, cfg, ids[:, :past], mask[:, :past])
+            kwargs["past_key_values"] = module(**first, use_cache=True).past_key_values
+            seen.clear()
+        now = _tower_inputs(family, module, cfg, ids[:, past:], mask[:, past:])
+        if past and "attention_mask" in now:
+            now["attention_mask"] = mask.long()
+        module(**now, **kwargs)
+    hook.remove()
+    return seen[0], table
+
+
+TOWER_CASES = [
+    (f, past) for f in sorted(_HF_TOWERS) for past in (0, OFFSET) if not past or _HF_TOWERS[f].cache
+]
+
+
+@pytest.mark.parametrize(("family", "past"), TOWER_CASES, ids=[f"{f}-{p}" for f, p in TOWER_CASES])
+def test_multimodal_text_towers_read_posencs_positions(family, past):
+    torch.manual_seed(0)
+    spec = _HF_TOWERS[family]
+    cfg, model = _tower_model(family, spec)
+    mt = walk.model_type_of(family)
+    enc = build_position_module(mt, cfg.to_dict(), tower=spec.tower)
+    assert enc is not None
+    load_hf_weights(enc, model, prefix=spec.prefix)
+    tower_type, tower_cfg = text_tower(mt, cfg.to_dict(), spec.tower)
+    ids = _padded(past + T)
+    pad = tower_cfg.get("pad_token_id")
+    ids[1, :3] = pad = PAD if pad is None else pad  # Perceiver's config has none
+    mask = ids != pad
+    read, table = _positions_read(family, spec, model, cfg, ids, mask, past)
+    if ABSOLUTE_FAMILIES[tower_type].skips_padding:  # from the cache's length, pads included
+        positions = positions_skipping_padding(mask[:, past:], past=past)
+    else:
+        positions = torch.arange(past, past + T).expand(2, -1)
+    real = mask[:, past:]
+    with torch.no_grad():
+        ours = enc.encoding(positions)
+    if isinstance(enc, SinusoidalLayout):  # their angles are float32: |a| * eps apart
+        tol = 4 * EPS32 * (past + T + enc.offset)
+        torch.testing.assert_close(ours[real], read[real], rtol=0, atol=tol)
+        return
+    assert isinstance(enc, LearnedPositionalEncoding)
+    read = read[..., -T:].expand(2, -1)
+    offset = table.num_embeddings - enc.max_len
+    torch.testing.assert_close(read[real], positions[real] + offset, rtol=0, atol=0)
+    with torch.no_grad():
+        torch.testing.assert_close(ours[real], table(read)[real], rtol=0, atol=0)

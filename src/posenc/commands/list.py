@@ -67,8 +67,9 @@ def markdown_table() -> str:
 
 def model_table() -> Table:
     """The family table of ``posenc.hf`` (``model_type`` and its positions), for ``--models``."""
-    from posenc.hf.absolute import ABSOLUTE_FAMILIES
+    from posenc.hf.absolute import ABSOLUTE_FAMILIES, STACKS
     from posenc.hf.biases import ALIBI_FAMILIES, T5_FAMILIES
+    from posenc.hf.composite import TEXT_TOWERS
     from posenc.hf.families import FAMILIES
 
     table = Table(
@@ -83,10 +84,20 @@ def model_table() -> Table:
     for model_type, spec in ABSOLUTE_FAMILIES.items():
         notes = [spec.layout] if spec.kind == "sinusoidal" else []
         notes += [f"offset {spec.offset}"] if spec.offset else []
-        rows[model_type] = f"absolute {spec.kind}" + (f" ({', '.join(notes)})" if notes else "")
+        absolute = f"absolute {spec.kind}" + (f" ({', '.join(notes)})" if notes else "")
+        rows[model_type] = f"{absolute}, or {rows[model_type]}" if model_type in rows else absolute
+    for model_type, stacks in STACKS.items():
+        rows[model_type] = "; ".join(f"{name}: absolute {s.kind}" for name, s in stacks.items())
+    rows["mpnet"] += " and t5 buckets"
+    rows["roformer"] = "rotary, interleaved pairs (its sinusoidal table)"
     rows.update({model_type: "alibi" for model_type in ALIBI_FAMILIES if model_type != "falcon"})
     rows["falcon"] = f"{rows['falcon']}, or alibi"
     rows.update({model_type: "t5 buckets" for model_type in T5_FAMILIES})
+    rows["udop"] += " (the encoder's 1-D ones)"
+    for model_type, towers in TEXT_TOWERS.items():  # multimodal: their text positions only
+        where = ", ".join(towers)
+        own = rows.get(model_type)
+        rows[model_type] = f"{own} ({where})" if own else f"text tower: {where}"
     for model_type, summary in sorted(rows.items()):
         table.add_row(model_type, summary)
     return table

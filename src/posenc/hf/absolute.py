@@ -1,11 +1,12 @@
-"""Absolute position tables of Hugging Face checkpoints, their offsets, and one-call
-weight loading for every non-rotary family posenc builds from a config.
+"""Absolute position tables of Hugging Face checkpoints and their offsets, for every
+non-rotary family posenc builds from a config (weights: ``posenc.hf.weights``).
 
 Shapes: ``B`` batch, ``T`` length, ``C`` d_model, ``P`` table rows.
 
 Learned tables (Gehring et al. 2017; BERT; GPT-2) are read at ``row = position + offset``:
 0 for GPT-2 and the BERT-likes, 2 for OPT, BioGPT and BART / mBART / PLBart / MVP / TrOCR
-(fairseq's ``padding_idx + 1``; their tables have ``max_position_embeddings + 2`` rows),
+and PP-FormulaNet's decoder (fairseq's ``padding_idx + 1``; their tables have
+``max_position_embeddings + 2`` rows),
 ``padding_idx + 1`` for RoBERTa / XLM-R and the families that copy their
 ``create_position_ids_from_input_ids`` (those count real tokens only: padding is
 skipped). posenc keeps the rows from the offset on, so its position ``p`` is the
@@ -13,26 +14,53 @@ skipped). posenc keeps the rows from the offset on, so its position ``p`` is the
 ``positions_skipping_padding`` gives the positions of padded batches the way RoBERTa, OPT
 and fairseq count them. Sinusoidal families get a ``SinusoidalLayout`` (the ``[sin | cos]``
 halves, tensor2tensor spacing, fairseq's offset of 2; TrOCR's when its config says
-``use_learned_position_embeddings=False``).
+``use_learned_position_embeddings=False``), FSMT's from ``padding_idx + 1``.
+
+Whisper's stacks differ: the encoder adds a fixed ``[sin | cos]`` table of tensor2tensor
+spacing over its audio frames, the decoder a learned table from row 0; ``stack=`` picks
+one and the whole-model request is refused. MPNet adds a learned table (offset 2: its
+``padding_idx`` is always 1, whatever ``pad_token_id`` says) and T5 buckets in attention:
+a ``Compose`` of both (``posenc.hf.biases``). TAPAS reads a plain table at positions that
+restart in every table cell (``posenc.hf.tapas``). The layout models (BROS, LayoutLMv2,
+LayoutLMv3, LiLT) read an ordinary 1-D table; their bounding-box embeddings (and BROS's
+box-distance term in attention) are input features posenc does not build, and LayoutLMv2
+/ v3 configs with the 1-D or 2-D attention biases (``has_relative_attention_bias``,
+``has_spatial_attention_bias``) are refused.
+LiLT's layout stream reads a second, narrower table (``box_position_embeddings``) at the
+same positions; posenc builds the text stream's. RoFormer's sinusoidal table is a rotary
+embedding (``posenc.hf.roformer``).
+
+Multimodal families keep their text table in a text tower (``posenc.hf.composite``):
+CLIP- and BERT-style text models count from 0 (ALIGN, Chinese-CLIP, FLAVA, BLIP's text
+model, the Q-Formers of BLIP-2 / InstructBLIP, GIT, LXMERT, VisualBERT, ViLT, TVP and
+Perceiver's text preprocessor), RoBERTa-style ones from ``padding_idx + 1`` skipping
+padding (AltCLIP, BridgeTower, CLAP), and Kosmos-2, Kosmos-2.5, SeamlessM4T and
+SpeechT5's text decoder use M2M100's sinusoidal table from ``padding_idx + 1``
+(tensor2tensor spacing, padding skipped; with a cache they count on from the cache's
+length, padding included: ``positions_skipping_padding(new_mask, past=cache_length)``). Kosmos-2.5 adds a learned segment embedding (image or text token)
+to that table: a token-type input, not built here. GIT reads row
+``past_key_values_length + i`` with a cache, and its cache counts the image tokens too.
+Image, audio and speech-unit positions of these models are not built.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from posenc._checks import check_int, check_tensor
-from posenc.base import PositionalEncoding
-from posenc.encodings.alibi import ALiBi
+from posenc._checks import check_int
+from posenc.base import Compose, PositionalEncoding
 from posenc.encodings.learned import LearnedPositionalEncoding
 from posenc.encodings.sinusoidal_layouts import SinusoidalLayout
-from posenc.encodings.t5 import T5RelativeBias
-from posenc.hf.biases import bias_module
+from posenc.hf.biases import bias_module, mpnet_bias_from_hf
+from posenc.hf.composite import text_tower
+from posenc.hf.deberta import DEBERTA_FAMILIES, deberta_from_hf
+from posenc.hf.roformer import roformer_rotary
+from posenc.hf.weights import load_hf_weights
 
 __all__ = [
     "ABSOLUTE_FAMILIES",
@@ -66,6 +94,7 @@ _FAIRSEQ = AbsoluteSpec("learned", offset=2, extra_rows=2)
 _ROBERTA = AbsoluteSpec("learned", offset="padding", skips_padding=True)
 _MARIAN = AbsoluteSpec("sinusoidal")
 _T2T = AbsoluteSpec("sinusoidal", offset=2, skips_padding=True, spacing="tensor2tensor")
+_T2T_PAD = AbsoluteSpec("sinusoidal", "padding", skips_padding=True, spacing="tensor2tensor")
 
 #: model_type -> layout, for the families whose layout is tested against their own module.
 ABSOLUTE_FAMILIES: dict[str, AbsoluteSpec] = {
@@ -79,16 +108,39 @@ ABSOLUTE_FAMILIES: dict[str, AbsoluteSpec] = {
     **dict.fromkeys(("opt", "biogpt"), AbsoluteSpec("learned", 2, 2, skips_padding=True)),
     **dict.fromkeys(("roberta", "xlm-roberta", "camembert", "data2vec-text"), _ROBERTA),
     **dict.fromkeys(("longformer", "luke", "markuplm", "roberta-prelayernorm"), _ROBERTA),
-    **dict.fromkeys(("xlm-roberta-xl", "xmod"), _ROBERTA),
+    **dict.fromkeys(("xlm-roberta-xl", "xmod", "esm", "layoutlmv3", "lilt"), _ROBERTA),
+    **dict.fromkeys(("bros", "layoutlmv2", "tapas"), _PLAIN),
+    "pp_formulanet_text": _FAIRSEQ,
+    "mpnet": AbsoluteSpec("learned", offset=2, skips_padding=True),
+    "fsmt": _T2T_PAD,
     **dict.fromkeys(("marian", "pegasus"), _MARIAN),
     **dict.fromkeys(("m2m_100", "nllb-moe", "speech_to_text"), _T2T),
     "pegasus_x": AbsoluteSpec("sinusoidal", spacing="tensor2tensor"),
     "xglm": AbsoluteSpec("sinusoidal", offset=2, spacing="tensor2tensor"),
+    # the text towers of multimodal families (``posenc.hf.composite``)
+    **dict.fromkeys(("align_text_model", "chinese_clip_text_model", "flava_text_model"), _PLAIN),
+    **dict.fromkeys(("blip_text_model", "git", "lxmert", "visual_bert"), _PLAIN),
+    **dict.fromkeys(("vilt", "tvp", "perceiver"), _PLAIN),
+    **dict.fromkeys(
+        ("blip_2_qformer", "instructblip_qformer", "instructblipvideo_qformer"), _PLAIN
+    ),
+    **dict.fromkeys(("altclip_text_model", "bridgetower_text_model", "clap_text_model"), _ROBERTA),
+    **dict.fromkeys(("kosmos_2_text_model", "kosmos_2_5_text_model", "speecht5"), _T2T_PAD),
+    **dict.fromkeys(("seamless_m4t", "seamless_m4t_v2"), _T2T_PAD),
     **dict.fromkeys(
         ("musicgen", "musicgen_decoder", "musicgen_melody", "musicgen_melody_decoder"),
         AbsoluteSpec("sinusoidal", layout="cos|sin", spacing="tensor2tensor"),
     ),
 }
+
+#: Families whose encoder and decoder lay out positions differently: ``stack=`` picks one.
+STACKS: dict[str, dict[str, AbsoluteSpec]] = {
+    "whisper": {"encoder": AbsoluteSpec("sinusoidal", spacing="tensor2tensor"), "decoder": _PLAIN},
+}
+
+#: Attention biases posenc does not build, by the config flag that turns them on
+#: (transformers' default for both is True).
+_REFUSED_FLAGS = ("has_relative_attention_bias", "has_spatial_attention_bias")
 
 #: The table's width: the embedding size where it differs from the hidden size (ALBERT).
 _WIDTH = (
@@ -99,6 +151,7 @@ _WIDTH = (
     "n_embd",
     "dim",
     "emb_dim",
+    "embed_dim",
 )
 _LENGTH = ("max_position_embeddings", "n_positions", "max_target_positions")
 
@@ -117,7 +170,12 @@ def _offset(spec: AbsoluteSpec, cfg: Mapping[str, Any]) -> int:
 
 
 def build_position_module(
-    model_type: str, config: Mapping[str, Any], *, layer_idx: int | None = None
+    model_type: str,
+    config: Mapping[str, Any],
+    *,
+    layer_idx: int | None = None,
+    tower: str | None = None,
+    stack: str | None = None,
 ) -> PositionalEncoding | None:
     """The non-rotary positional encoding of a family, or None when it is not one of them.
 
@@ -125,27 +183,52 @@ def build_position_module(
         model_type: the config's ``model_type``.
         config: the config as a dict (``config.json``'s fields).
         layer_idx: the layer (UMT5 has one T5 table per layer; the others share one).
+        tower: for a multimodal family, which text tower
+            (``posenc.hf.composite.TEXT_TOWERS``: ``"qformer_config"`` or
+            ``"text_config"`` of BLIP-2, ``"text_decoder"`` of SpeechT5); None where the
+            family has one text layout.
+        stack: ``"encoder"`` or ``"decoder"`` of an encoder-decoder model; needed where
+            they differ (``STACKS``: Whisper), and it picks a T5 family's bidirectional or
+            causal buckets over the config's ``is_decoder``.
 
     Returns:
         An ``ALiBi`` (BLOOM, MPT, Falcon with ``alibi``), a ``T5RelativeBias`` (the T5
         family, the decoder's when ``is_decoder``), a ``LearnedPositionalEncoding`` of
-        ``P - offset`` rows, or a ``SinusoidalLayout``; None for any other family.
+        ``P - offset`` rows, or a ``SinusoidalLayout``; None for any other family (and
+        for a tower whose family is rotary: use ``from_hf_config`` on its sub-config).
+        MPNet gives a ``Compose`` of its table and its T5 buckets, RoFormer a
+        ``RotaryEmbedding`` over interleaved pairs, DeBERTa / DeBERTa-v2 their table
+        and ``DisentangledAttention`` (either alone, a ``Compose``, or ``NoPE``).
+        A multimodal family gives its text tower's table, never an image or audio one.
         Load a checkpoint's tables with ``load_hf_weights``.
 
     Raises:
         ValueError: missing width/length fields, a ``position_embedding_type`` other
-            than "absolute" (relative-key BERTs), XLM's ``sinusoidal_embeddings``; see
-            ``posenc.hf.biases``.
+            than "absolute" (relative-key BERTs), XLM's ``sinusoidal_embeddings``, a
+            multimodal family with several text towers and no ``tower``, a ``tower``
+            that is not text, Whisper without ``stack``, ``stack`` for a model without
+            two stacks, a LayoutLMv2 / v3 config with attention biases on; see
+            ``posenc.hf.biases``, ``posenc.hf.composite`` and ``posenc.hf.roformer``.
     """
+    found = text_tower(model_type, config, tower)
+    if found is not None:
+        model_type, config = found
+    config = _with_stack(model_type, config, stack)
+    if model_type == "roformer":
+        return roformer_rotary(config)
+    if model_type in DEBERTA_FAMILIES:  # table and disentangled attention (posenc.hf.deberta)
+        return deberta_from_hf(model_type, config)
     bias = bias_module(model_type, config, layer_idx=layer_idx)
     if bias is not None:
         return bias
-    spec = ABSOLUTE_FAMILIES.get(model_type)
+    spec = STACKS[model_type][stack] if model_type in STACKS else ABSOLUTE_FAMILIES.get(model_type)
     if model_type == "trocr" and not config.get("use_learned_position_embeddings", True):
         spec = _T2T
     if spec is None:
         return None
     kind = config.get("position_embedding_type") or "absolute"
+    if model_type == "esm" and kind == "rotary":
+        return None  # ESM-2: the rotary families' path (posenc.hf.families)
     if kind != "absolute":
         raise ValueError(
             f"{model_type} position_embedding_type={kind!r}: posenc builds only the "
@@ -153,6 +236,13 @@ def build_position_module(
         )
     if config.get("sinusoidal_embeddings"):
         raise ValueError(f"{model_type} sinusoidal_embeddings=True is not supported")
+    for flag in _REFUSED_FLAGS if model_type in ("layoutlmv2", "layoutlmv3") else ():
+        if config.get(flag, True):
+            raise ValueError(
+                f"{model_type} {flag}=True: its attention adds a bias posenc does not build "
+                "(1-D buckets and 2-D box distances); posenc builds the table of configs "
+                "with both off"
+            )
     width = _field(config, _WIDTH, model_type)
     if spec.kind == "sinusoidal":
         return SinusoidalLayout(
@@ -162,7 +252,24 @@ def build_position_module(
     usable = rows - _offset(spec, config)
     if usable < 1:
         raise ValueError(f"{model_type} table of {rows} rows has none after the offset")
-    return LearnedPositionalEncoding(width, usable)
+    table = LearnedPositionalEncoding(width, usable)
+    return Compose([table, mpnet_bias_from_hf(config)]) if model_type == "mpnet" else table
+
+
+def _with_stack(model_type: str, config: Mapping[str, Any], stack: str | None) -> Mapping[str, Any]:
+    """``config`` with ``is_decoder`` set by ``stack``; checks ``stack`` for the family."""
+    if stack is None:
+        if model_type in STACKS:
+            raise ValueError(
+                f"{model_type} lays out its encoder and decoder positions differently: "
+                "pass stack='encoder' or stack='decoder'"
+            )
+        return config
+    if stack not in ("encoder", "decoder"):
+        raise ValueError(f"stack must be 'encoder' or 'decoder', got {stack!r}")
+    if model_type not in STACKS and not config.get("is_encoder_decoder"):
+        raise ValueError(f"stack={stack!r}: model_type {model_type!r} has no encoder-decoder")
+    return {**config, "is_decoder": stack == "decoder"}
 
 
 def positions_skipping_padding(mask: Tensor, *, past: int = 0) -> Tensor:
@@ -185,86 +292,3 @@ def positions_skipping_padding(mask: Tensor, *, past: int = 0) -> Tensor:
     past = check_int("past", past, minimum=0)
     real = (mask != 0).to(torch.int64)
     return (real.cumsum(-1) - 1 + past) * real
-
-
-_TABLE = re.compile(r"(^|\.)(wpe|position_embeddings|embed_positions)\.weight$|^weight$")
-
-
-def _state(source: nn.Module | Mapping[str, Tensor]) -> Mapping[str, Tensor]:
-    if isinstance(source, nn.Module):
-        return source.state_dict()
-    if isinstance(source, Mapping):
-        return source
-    raise TypeError(f"expected a model or a state dict, got {type(source).__name__}")
-
-
-def _pick(keys: list[str], what: str, prefix: str | None) -> str:
-    if prefix is not None:
-        keys = [k for k in keys if k.startswith(prefix)]
-    if len(keys) != 1:
-        found = ", ".join(keys) or "none"
-        raise ValueError(f"expected one {what} (pass prefix= to choose), found: {found}")
-    return keys[0]
-
-
-def _t5_key(enc: T5RelativeBias, state: Mapping[str, Tensor], layer_idx: int | None) -> list[str]:
-    keys = [k for k in state if k.endswith("relative_attention_bias.weight") and "global" not in k]
-    stacks = {k.split(".", 1)[0] for k in keys}
-    if {"encoder", "decoder"} <= stacks:
-        keys = [k for k in keys if k.startswith("encoder." if enc.bidirectional else "decoder.")]
-    blocks = sorted({int(m.group(1)) for k in keys if (m := re.search(r"block\.(\d+)\.", k))})
-    if layer_idx is not None and layer_idx in blocks:
-        return [k for k in keys if f"block.{layer_idx}." in k]
-    if len(blocks) > 1:
-        raise ValueError(f"one T5 table per layer (blocks {blocks}): pass layer_idx")
-    return keys
-
-
-def load_hf_weights(
-    encoding: PositionalEncoding,
-    source: nn.Module | Mapping[str, Tensor],
-    *,
-    layer_idx: int | None = None,
-    prefix: str | None = None,
-) -> PositionalEncoding:
-    """Copy a checkpoint's position weights into ``encoding`` (in place) and return it.
-
-    Args:
-        encoding: from ``build_position_module`` (or built by hand to match).
-        source: a transformers model, one of its modules, or a state dict.
-        layer_idx: which layer's T5 table (UMT5; the other T5 families share the first
-            block's, which any ``layer_idx`` reads).
-        prefix: keep only keys starting with it (``"model.decoder."`` for BART's decoder
-            table). T5 tables pick the encoder's or the decoder's stack from
-            ``encoding.bidirectional``.
-
-    Returns:
-        ``encoding``. ALiBi and sinusoidal encodings have no weights: returned as is.
-
-    Raises:
-        ValueError: no table or several candidates, a table whose width or rows do not
-            fit (a learned table keeps its last ``max_len`` rows: the offset comes first).
-        TypeError: an encoding with no checkpoint counterpart, a bad ``source``.
-    """
-    if isinstance(encoding, (ALiBi, SinusoidalLayout)):
-        return encoding
-    state = _state(source)
-    if isinstance(encoding, T5RelativeBias):
-        key = _pick(_t5_key(encoding, state, layer_idx), "T5 relative_attention_bias", prefix)
-        target = encoding.relative_attention_bias.weight
-    elif isinstance(encoding, LearnedPositionalEncoding):
-        key = _pick([k for k in state if _TABLE.search(k)], "position table", prefix)
-        target = encoding.weight
-    else:
-        raise TypeError(f"{type(encoding).__name__} has no checkpoint weights to load")
-    table = check_tensor(key, state[key], ndim=2)
-    offset = table.shape[0] - target.shape[0]
-    has_offset = isinstance(encoding, LearnedPositionalEncoding)
-    if table.shape[1] != target.shape[1] or offset < 0 or (offset and not has_offset):
-        raise ValueError(
-            f"{key} is {tuple(table.shape)}; {type(encoding).__name__} needs "
-            f"{tuple(target.shape)} (after an offset of leading rows)"
-        )
-    with torch.no_grad():
-        target.copy_(table[offset:])
-    return encoding
