@@ -235,7 +235,11 @@ def test_every_table_entry_is_consistent():
             {},
             "differs by layer",
         ),
-        ({"model_type": "esm", "head_dim": 64, "position_embedding_type": "absolute"}, {}, "not"),
+        (  # ESM's absolute table is built (posenc.hf.absolute); relative ones are not
+            {"model_type": "esm", "hidden_size": 64, "position_embedding_type": "relative_key"},
+            {},
+            "esm position_embedding_type='relative_key'",
+        ),
         (  # transformers 5.23 builds DBRX with base 1e4 whatever attn_config says: refuse
             {
                 "model_type": "dbrx",

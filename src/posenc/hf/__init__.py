@@ -5,6 +5,7 @@ from posenc.hf.config import HFRopeConfig, parse_hf_rope_config, rope_from_hf_co
 from posenc.hf.families import FAMILIES, Family, family
 from posenc.hf.layers import from_hf_config, layer_plan
 from posenc.hf.patch import PatchedRotary, patch, unpatch
+from posenc.hf.tapas import tapas_positions
 
 __all__ = [
     "FAMILIES",
@@ -20,5 +21,6 @@ __all__ = [
     "patch",
     "positions_skipping_padding",
     "rope_from_hf_config",
+    "tapas_positions",
     "unpatch",
 ]

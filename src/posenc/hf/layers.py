@@ -111,17 +111,23 @@ def _resolve_layer(
     return layer_type
 
 
-def _position_module(config: object, layer_idx: int | None) -> PositionalEncoding | None:
+def _position_module(
+    config: object, layer_idx: int | None, stack: str | None = None
+) -> PositionalEncoding | None:
     """The ALiBi / T5 / absolute-table module of a non-rotary family (``posenc.hf.absolute``)."""
     cfg = as_config_dict(config)
     model_type = cfg.get("model_type")
     if not isinstance(model_type, str):
         return None
-    return build_position_module(model_type, cfg, layer_idx=layer_idx)
+    return build_position_module(model_type, cfg, layer_idx=layer_idx, stack=stack)
 
 
 def from_hf_config(
-    config: object, *, layer_type: str | None = None, layer_idx: int | None = None
+    config: object,
+    *,
+    layer_type: str | None = None,
+    layer_idx: int | None = None,
+    stack: str | None = None,
 ) -> PositionalEncoding:
     """The positional encoding a transformers model family uses at one layer.
 
@@ -131,6 +137,8 @@ def from_hf_config(
         layer_type: which per-layer-type parameters to use (``"sliding_attention"`` ...).
         layer_idx: the layer (sets ``layer_type`` from ``layer_types``); needed when layers
             differ otherwise (NoPE layers, per-layer bases).
+        stack: ``"encoder"`` or ``"decoder"`` of an encoder-decoder family; needed where
+            their positions differ (Whisper: sinusoidal encoder, learned decoder).
 
     Returns:
         A ``RotaryEmbedding`` (transformers' length policy, the family's layout), a
@@ -143,9 +151,11 @@ def from_hf_config(
             per-layer differences without ``layer_idx``.
         TypeError: ``config`` of another type.
     """
-    module = _position_module(config, layer_idx)
+    module = _position_module(config, layer_idx, stack)
     if module is not None:
         return module
+    if stack is not None:
+        raise ValueError(f"stack={stack!r} applies to the non-rotary encoder-decoder families")
     cfg, fam = config_family(config)
     if fam.scheme is not None:
         return _scheme(fam.scheme, cfg, layer_type, layer_idx)
