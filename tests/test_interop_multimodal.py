@@ -32,6 +32,8 @@ SINGLE = {
     "flava": "text_config",
     "kosmos-2": "text_config",
     "kosmos-2.5": "text_config",
+    "tipsv2": "text_config",
+    "pp_formulanet": "text_config",
     "git": None,
     "lxmert": None,
     "visual_bert": None,

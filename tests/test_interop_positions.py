@@ -54,7 +54,7 @@ UNSUPPORTED = {
     **dict.fromkeys(("eomt", "videomt", "imagegpt"), _VISION),
     **dict.fromkeys(("data2vec", "qwen2_audio", "voxtral", "audioflamingo3"), _VISION),
     **dict.fromkeys(("moss_transcribe_diarize", "autoformer", "informer"), _VISION),
-    **dict.fromkeys(("time_series_transformer", "tipsv2", "pp_doclayout_v2"), _VISION),
+    **dict.fromkeys(("time_series_transformer", "pp_doclayout_v2"), _VISION),
     "evolla": "protein-sequence positions of its SaProt encoder (rotary unless "
     "position_embedding_type='absolute'); its language model is rotary (from_hf_config)",
     "deberta": "disentangled relative attention (position_biased_input)",
@@ -138,6 +138,7 @@ _HF_TOWERS = {
     #: TVP's video frames read a second table of the same shape (visual_embeddings.)
     "tvp": _Tower("embeddings.position_embeddings", "embeddings", prefix="embeddings."),
     "vilt": _Tower("embeddings.text_embeddings.position_embeddings", "embeddings.text_embeddings"),
+    "tipsv2": _Tower("text_model.embeddings.position_embedding", "text_model"),
     "visual_bert": _Tower("embeddings.position_embeddings"),
     **dict.fromkeys(("seamless_m4t", "seamless_m4t_v2"), _SEAMLESS),
     "speecht5": _Tower(
@@ -486,6 +487,7 @@ def test_multimodal_text_towers_read_posencs_positions(family, past):
         ours = enc.encoding(positions)
     if isinstance(enc, SinusoidalLayout):  # their angles are float32: |a| * eps apart
         tol = 4 * EPS32 * (past + T + enc.offset)
+        read = read.expand_as(ours)  # TIPSv2: one row of positions for the batch
         torch.testing.assert_close(ours[real], read[real], rtol=0, atol=tol)
         return
     assert isinstance(enc, LearnedPositionalEncoding)

@@ -33,14 +33,15 @@ embedding (``posenc.hf.roformer``).
 Multimodal families keep their text table in a text tower (``posenc.hf.composite``):
 CLIP- and BERT-style text models count from 0 (ALIGN, Chinese-CLIP, FLAVA, BLIP's text
 model, the Q-Formers of BLIP-2 / InstructBLIP, GIT, LXMERT, VisualBERT, ViLT, TVP and
-Perceiver's text preprocessor), RoBERTa-style ones from ``padding_idx + 1`` skipping
-padding (AltCLIP, BridgeTower, CLAP), and Kosmos-2, Kosmos-2.5, SeamlessM4T and
-SpeechT5's text decoder use M2M100's sinusoidal table from ``padding_idx + 1``
-(tensor2tensor spacing, padding skipped; with a cache they count on from the cache's
-length, padding included: ``positions_skipping_padding(new_mask, past=cache_length)``). Kosmos-2.5 adds a learned segment embedding (image or text token)
-to that table: a token-type input, not built here. GIT reads row
-``past_key_values_length + i`` with a cache, and its cache counts the image tokens too.
-Image, audio and speech-unit positions of these models are not built.
+Perceiver's text preprocessor; TIPSv2's is a fixed ``[sin | cos]`` table of tensor2tensor
+spacing), RoBERTa-style ones from ``padding_idx + 1`` skipping padding (AltCLIP,
+BridgeTower, CLAP), and Kosmos-2, Kosmos-2.5, SeamlessM4T and SpeechT5's text decoder use
+M2M100's sinusoidal table from ``padding_idx + 1`` (tensor2tensor spacing, padding
+skipped; with a cache they count on from the cache's length, padding included:
+``positions_skipping_padding(new_mask, past=cache_length)``). Kosmos-2.5 adds a learned
+segment embedding (image or text token) to that table: a token-type input, not built
+here. GIT reads row ``past_key_values_length + i`` with a cache, and its cache counts the
+image tokens too. Image, audio and speech-unit positions of these models are not built.
 """
 
 from __future__ import annotations
@@ -95,6 +96,7 @@ _ROBERTA = AbsoluteSpec("learned", offset="padding", skips_padding=True)
 _MARIAN = AbsoluteSpec("sinusoidal")
 _T2T = AbsoluteSpec("sinusoidal", offset=2, skips_padding=True, spacing="tensor2tensor")
 _T2T_PAD = AbsoluteSpec("sinusoidal", "padding", skips_padding=True, spacing="tensor2tensor")
+_T2T_FROM_0 = AbsoluteSpec("sinusoidal", spacing="tensor2tensor")
 
 #: model_type -> layout, for the families whose layout is tested against their own module.
 ABSOLUTE_FAMILIES: dict[str, AbsoluteSpec] = {
@@ -115,7 +117,7 @@ ABSOLUTE_FAMILIES: dict[str, AbsoluteSpec] = {
     "fsmt": _T2T_PAD,
     **dict.fromkeys(("marian", "pegasus"), _MARIAN),
     **dict.fromkeys(("m2m_100", "nllb-moe", "speech_to_text"), _T2T),
-    "pegasus_x": AbsoluteSpec("sinusoidal", spacing="tensor2tensor"),
+    **dict.fromkeys(("pegasus_x", "tipsv2_text_model"), _T2T_FROM_0),
     "xglm": AbsoluteSpec("sinusoidal", offset=2, spacing="tensor2tensor"),
     # the text towers of multimodal families (``posenc.hf.composite``)
     **dict.fromkeys(("align_text_model", "chinese_clip_text_model", "flava_text_model"), _PLAIN),
@@ -135,7 +137,7 @@ ABSOLUTE_FAMILIES: dict[str, AbsoluteSpec] = {
 
 #: Families whose encoder and decoder lay out positions differently: ``stack=`` picks one.
 STACKS: dict[str, dict[str, AbsoluteSpec]] = {
-    "whisper": {"encoder": AbsoluteSpec("sinusoidal", spacing="tensor2tensor"), "decoder": _PLAIN},
+    "whisper": {"encoder": _T2T_FROM_0, "decoder": _PLAIN},
 }
 
 #: Attention biases posenc does not build, by the config flag that turns them on

@@ -34,11 +34,12 @@ _ENCODER_DECODER = MappingProxyType({"text_encoder": ".", "text_decoder": "."})
 #: composite model_type -> {tower: a sub-config key, or "." for the composite's own config}.
 TEXT_TOWERS: dict[str, Mapping[str, str]] = {
     **dict.fromkeys(("align", "altclip", "blip", "bridgetower", "chinese_clip"), _TEXT),
-    **dict.fromkeys(("clap", "flava", "kosmos-2", "kosmos-2.5"), _TEXT),
+    **dict.fromkeys(("clap", "flava", "kosmos-2", "kosmos-2.5", "tipsv2"), _TEXT),
     **dict.fromkeys(("blip-2", "instructblip", "instructblipvideo"), _QFORMER),
     **dict.fromkeys(("git", "lxmert", "visual_bert", "vilt", "tvp", "perceiver"), _SELF),
     **dict.fromkeys(("seamless_m4t", "seamless_m4t_v2"), _ENCODER_DECODER),
     "speecht5": MappingProxyType({"text_decoder": "."}),
+    "pp_formulanet": _TEXT,  # its text decoder: BART's table (offset 2)
 }
 
 _PERCEIVER_INPUTS = "positions of a Perceiver's {} preprocessor, not text; not built by posenc"
