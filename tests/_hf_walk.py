@@ -51,6 +51,7 @@ EPS32 = torch.finfo(torch.float32).eps
 _ORIGINAL = "original_max_position_embeddings"
 SPAN = 300  # random M-RoPE axis positions 0..SPAN-1 (an image grid's range)
 PATCHES = 64  # random axial patch positions 0..PATCHES-1
+DINO_GRID = (4, 3)  # EoMT-DINOv3's patch grid
 #: a text + image (2 frames of 4 x 6 patches, merged 2 x 2) + text sequence
 MIXED = ([3, (2, 4, 6), 3], 2)
 #: GLM-4V's default sections ([8, 12, 12]) assume the half-rotated 128-feature heads of the
@@ -72,6 +73,7 @@ QWEN3_OMNI_TEXT = {
 CONFIG_FIELDS = {
     "glm4_moe": {"head_dim": 128},  # GLM-4.5: 4096 / 96 heads is not its head dim
     "esm": {"position_embedding_type": "rotary"},  # ESM-2 (the default is absolute)
+    "llama4/Llama4VisionRotaryEmbedding": {"image_size": 56, "patch_size": 14},  # 4 x 4 patches
     # DeepSeek-V4 with each of its layer types (the default has no sliding-window layer)
     "deepseek_v4": {
         "num_hidden_layers": 3,
@@ -98,6 +100,21 @@ CONFIG_FIELDS = {
             "mrope_section": [11, 11, 10],
             "mrope_interleaved": True,
         }
+    },
+    # HunyuanOCR: 4 axes over 128-feature heads, the fixed-NTK "xdrope" frequencies
+    "hunyuan_vl/HunYuanVLRotaryEmbedding": {
+        "head_dim": 128,
+        "rope_parameters": {
+            "type": "xdrope",
+            "rope_theta": 10000.0,
+            "alpha": 1000.0,
+            "factor": 1.0,
+            "beta_fast": 32,
+            "beta_slow": 1,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+            "xdrope_section": [16, 16, 16, 16],
+        },
     },
     # North (Cohere Compass): M-RoPE on the sliding-window layers, NoPE on the full ones
     "cohere_compass/CohereCompassRotaryEmbedding": {
@@ -382,8 +399,11 @@ def _positions(ours, first: int, gen: torch.Generator):
     yield "text", text[0], text.expand(axes, 2, LENGTH)
     random_axes = first + torch.randint(0, SPAN, (axes, 2, LENGTH), generator=gen)
     yield "random axes", random_axes, random_axes
-    mixed = posenc.mrope_position_ids(MIXED[0], spatial_merge_size=MIXED[1])[0][-axes:]
-    mixed = first + mixed[:, None].expand(axes, 2, -1)  # NeoMME: the (row, column) axes
+    # (t, h, w) rows; NeoMME takes (h, w), HunYuan's 4 axes (position, w, h, image) the
+    # sequence position first
+    rows = [0] * (axes - 3) + [0, 1, 2][3 - min(axes, 3) :]
+    mixed = posenc.mrope_position_ids(MIXED[0], spatial_merge_size=MIXED[1])[0][rows]
+    mixed = first + mixed[:, None].expand(axes, 2, -1)
     yield "text+image", mixed, mixed
 
 
@@ -455,6 +475,68 @@ def _compare_axial(case, sub, ours):
             yield error, "patch q/k"
 
 
+# ------------------------------------------------------------- axial variants
+# Each family's own rotation of q, k [1, H, T, D] at posenc's patch positions [N, A] ((y, x)
+# or (t, y, x)): how its tower calls its rotary module and its apply function.
+
+
+def _plain_axial(ours) -> bool:
+    """The layout ``_compare_axial`` reads from cos/sin: half-split blocks, (y, x)."""
+    layout = (ours.axis_order, ours.cyclic, ours.pairs, ours.num_prefix_tokens)
+    return layout == ((0, 1), False, "half", 0) and ours.rotary_dim == ours.head_dim
+
+
+def axial_variant_positions(module, config, ours, gen: torch.Generator) -> torch.Tensor:
+    """posenc's positions for the family's rotation: Llama 4's fixed grid (1-based, class
+    token last at (0, 0)); EoMT-DINOv3's patch centers of a 4 x 3 grid; else random."""
+    if hasattr(module, "vision_apply_rotary_emb"):
+        side = config.image_size // config.patch_size
+        ones = torch.zeros(1, 2, dtype=torch.long)
+        return torch.cat((posenc.axial_positions((side, side)) + 1, ones))
+    if hasattr(module, "get_patches_center_coordinates"):
+        return posenc.dinov3_positions(DINO_GRID)
+    return torch.randint(0, PATCHES, (24, ours.axes), generator=gen)
+
+
+def hf_axial_rotate(module, rotary, q, k, pos):
+    """The family's rotation of ``q``, ``k`` ``[1, H, T, D]`` at posenc's ``pos [N, A]``."""
+    if hasattr(module, "vision_apply_rotary_emb"):  # Llama 4: complex freqs_ci of its grid
+        got = module.vision_apply_rotary_emb(q.transpose(1, 2), k.transpose(1, 2), rotary(q))
+        return tuple(x.transpose(1, 2) for x in got)
+    if hasattr(module, "get_patches_center_coordinates"):  # EoMT-DINOv3 (eval: no jitter)
+        size = rotary.eval().config.patch_size
+        cos, sin = rotary(torch.zeros(1, 3, DINO_GRID[0] * size, DINO_GRID[1] * size))
+        return module.apply_rotary_pos_emb(q, k, cos, sin)
+    xy = pos.flip(-1)  # Gemma 4 and SAM3 take (x, y)
+    if hasattr(module, "apply_multidimensional_rope"):  # Gemma 4: [B, N, 2], [B, N, H, D]
+        cos, sin = rotary(q, xy[None])
+        got = (
+            module.apply_multidimensional_rope(x.transpose(1, 2), cos, sin, xy[None])
+            for x in (q, k)
+        )
+        return tuple(x.transpose(1, 2) for x in got)
+    if hasattr(module, "apply_rotary_pos_emb_2d"):  # SAM3: cos/sin [1, N, D]
+        cos, sin = rotary(q, xy)
+        return module.apply_rotary_pos_emb_2d(q, k, cos=cos, sin=sin)
+    cos, sin = rotary(q, pos)  # the Qwen-VL style: cos/sin [N, D], q/k [N, H, D]
+    got = module.apply_rotary_pos_emb_vision(q[0].transpose(0, 1), k[0].transpose(0, 1), cos, sin)
+    return tuple(x.transpose(0, 1)[None] for x in got)
+
+
+def _compare_axial_variant(case, sub, ours):
+    """Errors (in tolerances) of posenc's rotated q/k against the family's own rotation."""
+    module, gen = case.load(), torch.Generator().manual_seed(0)
+    rotary = getattr(module, case.rotary)(sub)
+    pos = axial_variant_positions(module, sub, ours, gen)
+    length = ours.num_prefix_tokens + len(pos)
+    q = torch.randn(1, 3, length, ours.head_dim, generator=gen)
+    k = torch.randn(1, 3, length, ours.head_dim, generator=gen)
+    want = hf_axial_rotate(module, rotary, q, k, pos)
+    tol = 4 * EPS32 * (8 + (float(pos.abs().max()) + 1) * (1 + math.log(ours.base)))
+    for got, theirs, x in zip(ours.rotate(q, k, pos, pos), want, (q, k), strict=True):
+        yield float((got - theirs.float()).abs().max()) / (tol * float(x.abs().max())), "patch q/k"
+
+
 def run_case(case: RotaryCase, *, seed: int = 0) -> Outcome:
     """Compare posenc with the family's own rotation on every distinct layer of the config
     (of each config in ``RECEIVES``), at the positions its encoding takes."""
@@ -463,7 +545,8 @@ def run_case(case: RotaryCase, *, seed: int = 0) -> Outcome:
         for layer_type, ours, index in _layers(config, sub):
             worst.error = 0.0 if worst.error == math.inf else worst.error
             if isinstance(ours, posenc.AxialRope):
-                found = _compare_axial(case, sub, ours)
+                compare = _compare_axial if _plain_axial(ours) else _compare_axial_variant
+                found = compare(case, sub, ours)
             else:
                 found = _compare_rotary(case, sub, ours, layer_type, index, seed)
             for error, detail in found:

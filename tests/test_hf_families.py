@@ -23,7 +23,6 @@ import transformers
 
 import _hf_walk as walk
 
-SCHEME_PENDING = "scheme pending"
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 # case id -> why posenc does not match it; posenc refuses every "refused:" config with a
@@ -43,20 +42,6 @@ UNSUPPORTED = {
     "without a text config",
     "musicflamingo/MusicFlamingoRotaryEmbedding": "audio-time rotary of the audio tower "
     "(apply_rotary_time_emb); from_hf_config reads the text model",
-    **{
-        case: SCHEME_PENDING
-        for case in [
-            "eomt_dinov3/EomtDinov3RotaryEmbedding",
-            "gemma4/Gemma4VisionRotaryEmbedding",
-            "hunyuan_vl/HunYuanVLRotaryEmbedding",
-            "inkling2/Inkling2VisionRotaryEmbedding",
-            "kimi_k25/Kimi_K25VisionRotaryEmbedding",
-            "llama4/Llama4VisionRotaryEmbedding",
-            "minimax_m3_vl/MiniMaxM3VLVisionRotaryEmbedding",
-            "sam3/Sam3ViTRotaryEmbedding",
-            "step3p7/Step3p7VisionRotaryEmbedding",
-        ]
-    },
 }
 
 # rotary embeddings whose positions are not those of text tokens: vision towers (patch
