@@ -103,6 +103,7 @@ def test_a_task_not_learned_by_the_cap_is_reported_not_learned(capped):
     assert "rope (seed 0) not learned by 240" in report
     assert "not learned at the training length in 240 steps" in report
     assert "| rope (seed 0) | not learned | not learned |" in report
+    assert not list(out.rglob("*.round.pt"))  # the round state goes when the run ends
 
 
 def test_a_task_learned_in_a_later_round_stops_there(capped, tmp_path, monkeypatch):
@@ -131,6 +132,32 @@ def test_a_finished_task_run_resumes_and_another_cap_is_another_sweep(capped, ca
     assert lab(out, "--max-steps", "300") == 2
     err = capsys.readouterr().err.strip()
     assert "differs in max_steps" in err and len(err.splitlines()) == 1
+
+
+def test_an_interrupted_task_run_resumes_from_its_last_round_bit_for_bit(
+    capped, tmp_path, monkeypatch
+):
+    saves = []
+
+    def save_then_stop(path, snapshot):
+        write_round(path, snapshot)
+        saves.append(snapshot["step"])
+        if len(saves) == 3:
+            raise KeyboardInterrupt
+
+    write_round = posenc.lab.runs._write_round
+    monkeypatch.setattr(posenc.lab.runs, "LEARNED", NEVER)
+    monkeypatch.setattr(posenc.lab.runs, "_write_round", save_then_stop)
+    assert lab(tmp_path) == 130
+    assert saves == [60, 75, 90] and (tmp_path / "runs" / "rope-s0.round.pt").exists()
+    monkeypatch.setattr(posenc.lab.runs, "_write_round", write_round)
+    assert lab(tmp_path) == 0
+    run, whole = run_of(tmp_path), capped[1]
+    assert run["train"]["resumed_from"] == 90 and "resumed_from" not in whole["train"]
+    for key in ("checks", "curve", "steps", "final_loss"):
+        assert run["train"][key] == whole["train"][key]
+    assert run["rows"] == whole["rows"]
+    assert not (tmp_path / "runs" / "rope-s0.round.pt").exists()
 
 
 def test_the_default_cap_is_four_times_the_steps_and_the_same_sweep():

@@ -13,11 +13,15 @@ A synthetic task trains until it is learned in distribution: past ``steps``, in 
 examples the final evaluation scores at that length (fixed by the seed, never the
 training batches), reaches ``LEARNED``, or until ``max_steps``. The record keeps
 ``steps_to_learn`` (``None`` at the cap) and every check in ``train.checks``; a task not
-learned is marked ``"learned": false`` and reported as such, never as a result.
+learned is marked ``"learned": false`` and reported as such, never as a result. After
+each round the training state is saved atomically to ``runs/<stem>.round.pt`` (removed
+when the run finishes), so an interrupted run resumes from its last round, bit for bit.
 """
 
 from __future__ import annotations
 
+import io
+import pickle
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,7 +33,7 @@ from torch import nn
 from posenc.lab.config import LEARNED, LabConfig
 from posenc.lab.distributed import Context
 from posenc.lab.model import TinyLM
-from posenc.lab.results import run_environment, write_weights
+from posenc.lab.results import run_environment, write_bytes, write_weights
 from posenc.lab.train import NonFiniteLoss, Until, train
 from posenc.lab.variants import Variant, build_encoding, is_rotary, variants
 from posenc.lab.workload import Workload
@@ -111,6 +115,10 @@ class Runner:
             return {"label": label, "kind": "finetune", "results": results, "notes": notes}
         return self._row(label, "finetune", lambda length: tuned, seed)
 
+    def _rounds(self, name: str, seed: int) -> Path:
+        """Where a task run's training state is kept between rounds (until it finishes)."""
+        return self.out / "runs" / f"{run_name(name, seed)}.round.pt"
+
     def run(self, name: str, seed: int) -> dict:
         """Train and evaluate ``name`` with ``seed``; the run's record (status ``ok``,
         ``failed`` for a non-finite loss, ``error`` for anything else but file errors).
@@ -138,6 +146,8 @@ class Runner:
             record["parameters"] = sum(p.numel() for p in model.parameters())
             return self._evaluate_trained(name, seed, model, record, start)
         except NonFiniteLoss as exc:
+            if context.is_main:  # final: a rerun skips failed runs
+                self._rounds(name, seed).unlink(missing_ok=True)
             return {**record, "status": "failed", "error": str(exc), "rows": []}
         except OSError:
             raise
@@ -155,9 +165,18 @@ class Runner:
             checks.append([step, self.work.evaluate(model, config.train_len, seed)["accuracy"]])
             return checks[-1][1] >= LEARNED
 
-        until = None
+        def save(snapshot: dict) -> None:
+            if self.context.is_main:
+                _write_round(rounds, {**snapshot, "checks": checks, "identity": self.identity})
+
+        stem = run_name(name, seed)
+        rounds = self._rounds(name, seed)
+        until = resume = None
         if config.step_cap is not None:
-            until = Until(check, config.step_cap, max(1, config.steps // ROUNDS))
+            resume = _read_round(rounds, self.identity)
+            checks += resume["checks"] if resume else []
+            every = max(1, config.steps // ROUNDS)
+            until = Until(check, config.step_cap, every, save=save, resume=resume)
         result = self._train(
             model,
             f"{name} s{seed}",
@@ -168,11 +187,12 @@ class Runner:
             warmup=config.warmup,
             until=until,
         )
+        here = result.steps - (resume["step"] if resume else 0)  # steps this process took
         record["train"] = {
             "steps": result.steps,
             "seconds": round(result.seconds, 2),
             "tokens_per_second": round(
-                result.steps * config.batch_size * config.train_len / max(result.seconds, 1e-9)
+                here * config.batch_size * config.train_len / max(result.seconds, 1e-9)
             ),
             "final_loss": result.final_loss,
             "curve": result.curve,
@@ -184,7 +204,8 @@ class Runner:
                 learned_at=LEARNED,
                 checks=checks,
             )
-        stem = run_name(name, seed)
+            if resume is not None:
+                record["train"]["resumed_from"] = resume["step"]
         if self.context.is_main:  # the trained weights, e.g. for `posenc show --table`
             write_weights(self.out / "runs" / f"{stem}.pt", model)
             record["weights"] = f"runs/{stem}.pt"
@@ -213,7 +234,25 @@ class Runner:
             seconds=round(time.perf_counter() - start[0], 2),
             cpu_seconds=round(time.process_time() - start[1], 2),  # this process, all threads
         )
+        if self.context.is_main:
+            rounds.unlink(missing_ok=True)
         return record
+
+
+def _write_round(path: Path, snapshot: dict) -> None:
+    """Save a round's training state atomically (``torch.save``)."""
+    buffer = io.BytesIO()
+    torch.save(snapshot, buffer)
+    write_bytes(path, buffer.getvalue())
+
+
+def _read_round(path: Path, identity: str) -> dict | None:
+    """The training state saved after a round of this sweep's run, if one loads."""
+    try:
+        snapshot = torch.load(path, weights_only=True)
+    except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError):
+        return None  # none, truncated or foreign: the run starts over (same numbers)
+    return snapshot if isinstance(snapshot, dict) and snapshot.get("identity") == identity else None
 
 
 def _in_lab_words(message: str) -> str:

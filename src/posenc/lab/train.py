@@ -11,6 +11,9 @@ With ``until`` (synthetic tasks) training goes on past ``steps`` in rounds: at s
 is scored by ``until.done`` in eval mode, and training stops once that returns true.
 Past ``steps`` the learning rate stays at the schedule's floor, ``lr / 10``, with the same
 optimizer state, so the first ``steps`` are exactly those of a run without ``until``.
+After each check that does not stop, ``until.save`` gets a snapshot (step, model,
+optimizer, the sampler's generator, loss curve); training started with ``until.resume``
+set to one goes on from it, bit for bit as if it had never stopped.
 """
 
 from __future__ import annotations
@@ -57,11 +60,15 @@ class TrainResult:
 @dataclass(frozen=True)
 class Until:
     """When training past ``steps`` stops: ``done(step)`` (the model in eval mode) is asked
-    at ``steps``, every ``every`` steps after it and at ``max_steps`` (the cap)."""
+    at ``steps``, every ``every`` steps after it and at ``max_steps`` (the cap); ``save``
+    receives a snapshot after each check that does not stop, ``resume`` is one to go on
+    from (the sampler must keep its random state in ``sampler.gen``)."""
 
     done: Callable[[int], bool]
     max_steps: int
     every: int
+    save: Callable[[dict], None] | None = None
+    resume: dict | None = None
 
     def due(self, step: int, steps: int) -> bool:
         """Whether ``done`` is asked after 1-based ``step`` of a ``steps``-step schedule."""
@@ -142,7 +149,14 @@ def train(
     start = time.perf_counter()
     loss_value = float("nan")
     taken = 0
-    for step in range(limit):
+    if until is not None and until.resume is not None:
+        snapshot = until.resume
+        model.load_state_dict(snapshot["model"])
+        optimizer.load_state_dict(snapshot["optimizer"])
+        sampler.gen.set_state(snapshot["sampler"])
+        curve = [(int(s), float(v)) for s, v in snapshot["curve"]]
+        taken, loss_value = snapshot["step"], snapshot["loss"]
+    for step in range(taken, limit):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, steps=steps, warmup=warmup, peak=lr)
         inputs, targets = (context.shard(t).to(context.device) for t in sampler(batch_size))
@@ -168,6 +182,17 @@ def train(
             model.eval()
             if until.done(taken):
                 break
+            if until.save is not None:
+                until.save(
+                    {
+                        "step": taken,
+                        "loss": loss_value,
+                        "curve": curve,
+                        "model": model.state_dict(),
+                        "optimizer": optimizer.state_dict(),
+                        "sampler": sampler.gen.get_state(),
+                    }
+                )
             net.train()
     if curve[-1][0] != taken:
         curve.append((taken, loss_value))
