@@ -2,6 +2,13 @@
 
 from posenc.encodings.alibi import ALiBi, alibi_bias, alibi_slopes
 from posenc.encodings.cope import CoPE, cope_bias, cope_positions
+from posenc.encodings.disentangled import (
+    DisentangledAttention,
+    RelativeEmbeddingTable,
+    disentangled_bias,
+    disentangled_relative_index,
+    log_bucket_position,
+)
 from posenc.encodings.fire import FIRE, fire_bias, fire_normalized_distance
 from posenc.encodings.kerple import KERPLE, KERPLE_KERNELS, kerple_bias
 from posenc.encodings.learned import LearnedPositionalEncoding
@@ -53,6 +60,7 @@ __all__ = [
     "AxialRope",
     "CoPE",
     "DefaultRope",
+    "DisentangledAttention",
     "DynamicNTKScaling",
     "FrequencyChange",
     "LearnedPositionalEncoding",
@@ -65,6 +73,7 @@ __all__ = [
     "NoPE",
     "PositionTemperature",
     "ProportionalScaling",
+    "RelativeEmbeddingTable",
     "RopeScaling",
     "RotaryEmbedding",
     "Sandwich",
@@ -80,9 +89,12 @@ __all__ = [
     "cope_bias",
     "cope_positions",
     "dinov3_positions",
+    "disentangled_bias",
+    "disentangled_relative_index",
     "fire_bias",
     "fire_normalized_distance",
     "kerple_bias",
+    "log_bucket_position",
     "mrope_decode_positions",
     "mrope_position_ids",
     "rerotate_keys",
