@@ -16,6 +16,7 @@ import torch
 transformers = pytest.importorskip("transformers", reason="transformers is not installed")
 
 import _hf_position_walk as walk  # noqa: E402
+import posenc  # noqa: E402
 from posenc import LearnedPositionalEncoding, from_hf_config  # noqa: E402
 from posenc.encodings.sinusoidal_layouts import SinusoidalLayout  # noqa: E402
 from posenc.hf import build_position_module, layer_plan, load_hf_weights  # noqa: E402
@@ -80,9 +81,23 @@ def test_qformer_families_need_a_tower_and_route_each(model_type):
         from_hf_config(cfg)
     qformer = build_position_module(model_type, cfg, tower="qformer_config")
     assert _same(qformer, from_hf_config(cfg["qformer_config"]))
+    assert _same(qformer, from_hf_config(cfg, tower="qformer_config"))
     assert qformer.max_len == cfg["qformer_config"]["max_position_embeddings"]
     language = build_position_module(model_type, cfg, tower="text_config")  # a tiny OPT
     assert _same(language, build_position_module("opt", cfg["text_config"]))
+    assert _same(language, from_hf_config(cfg, tower="text_config"))
+
+
+def test_a_rotary_language_model_tower_reads_as_its_own_family():
+    """InstructBLIP-Vicuna: ``tower="text_config"`` gives the Llama RoPE of its language
+    model, as ``from_hf_config(config.text_config)`` does."""
+    llama = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4}
+    cfg = transformers.InstructBlipConfig(text_config=llama, qformer_config={}).to_dict()
+    assert build_position_module("instructblip", cfg, tower="text_config") is None
+    ours = from_hf_config(cfg, tower="text_config")
+    theirs = from_hf_config(cfg["text_config"])
+    assert isinstance(ours, posenc.RotaryEmbedding) and ours.extra_repr() == theirs.extra_repr()
+    torch.testing.assert_close(ours.inv_freq, theirs.inv_freq, rtol=0, atol=0)
 
 
 def test_speecht5_builds_the_text_decoder_and_refuses_the_text_encoder():

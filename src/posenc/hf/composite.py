@@ -87,8 +87,7 @@ def text_tower(
         if len(set(towers.values())) > 1 or unbuilt:
             raise ValueError(
                 f"{model_type} has positions in several towers ({', '.join(names)}): "
-                "pass tower= to posenc.hf.build_position_module (or a sub-config to "
-                "posenc.from_hf_config)"
+                "pass tower= (posenc.from_hf_config, posenc.hf.build_position_module)"
             )
         tower = next(iter(towers))
     if tower in unbuilt:

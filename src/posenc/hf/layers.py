@@ -112,14 +112,14 @@ def _resolve_layer(
 
 
 def _position_module(
-    config: object, layer_idx: int | None, stack: str | None = None
+    config: object, layer_idx: int | None, stack: str | None = None, tower: str | None = None
 ) -> PositionalEncoding | None:
     """The ALiBi / T5 / absolute-table module of a non-rotary family (``posenc.hf.absolute``)."""
     cfg = as_config_dict(config)
     model_type = cfg.get("model_type")
     if not isinstance(model_type, str):
         return None
-    return build_position_module(model_type, cfg, layer_idx=layer_idx, stack=stack)
+    return build_position_module(model_type, cfg, layer_idx=layer_idx, stack=stack, tower=tower)
 
 
 def from_hf_config(
@@ -128,6 +128,7 @@ def from_hf_config(
     layer_type: str | None = None,
     layer_idx: int | None = None,
     stack: str | None = None,
+    tower: str | None = None,
 ) -> PositionalEncoding:
     """The positional encoding a transformers model family uses at one layer.
 
@@ -139,11 +140,15 @@ def from_hf_config(
             differ otherwise (NoPE layers, per-layer bases).
         stack: ``"encoder"`` or ``"decoder"`` of an encoder-decoder family; needed where
             their positions differ (Whisper: sinusoidal encoder, learned decoder).
+        tower: the text tower of a multimodal family where it has several
+            (``posenc.hf.composite.TEXT_TOWERS``: BLIP-2's ``"qformer_config"`` or
+            ``"text_config"``, its language model, read as that family's config).
 
     Returns:
         A ``RotaryEmbedding`` (transformers' length policy, the family's layout), a
         ``NoPE``, the scheme's encoding (``posenc.hf.schemes``), or for the ALiBi, T5 and
-        absolute-table families their module (``posenc.hf.absolute.build_position_module``).
+        absolute-table families their module (``posenc.hf.absolute.build_position_module``;
+        for a multimodal family, its text tower's: ``posenc.hf.composite``).
 
     Raises:
         ValueError: unknown ``model_type`` or ``rope_type``, a position field the family
@@ -151,7 +156,7 @@ def from_hf_config(
             per-layer differences without ``layer_idx``.
         TypeError: ``config`` of another type.
     """
-    module = _position_module(config, layer_idx, stack)
+    module = _position_module(config, layer_idx, stack, tower)
     if module is not None:
         return module
     if stack is not None:
