@@ -98,6 +98,9 @@ def compare_with_transformers(model_type: str, *, offsets=(0,), **fields) -> int
         positions = torch.arange(start, start + T)
         load_hf_weights(built, model, layer_idx=i)
         enc = disentangled_part(built)
+        if isinstance(built, Compose):  # position_biased_input: the table, row p at position p
+            table = model.embeddings.position_embeddings.weight
+            torch.testing.assert_close(built.encodings[0].weight, table, rtol=0, atol=0)
         layer = posenc.MultiHeadAttention(C, H, position=enc, causal=False, bias=True)
         att = model.encoder.layer[i].attention.self
         with torch.no_grad():

@@ -6,7 +6,8 @@ Each one is either checked below, group by group, against its own code on positi
 neither, or a mismatch, fails. posenc's side is always ``build_position_module`` on the
 family's config, with the weights copied by one ``load_hf_weights`` call. The families of
 the walk's ``OWN_TESTS`` (two stacks, extra biases, a rotary table) are checked by their
-own tests in ``test_interop_text_families.py`` instead of their group's.
+own tests in ``test_interop_text_families.py`` instead of their group's; DeBERTa and
+DeBERTa-v2 (``DISENTANGLED``: a table and disentangled attention) by the last test here.
 
 * alibi: the family's own builder; equal up to a constant per query row (what the
   softmax ignores), within the rounding of the family's own product ``m * j``.
@@ -57,17 +58,20 @@ UNSUPPORTED = {
     **dict.fromkeys(("time_series_transformer", "pp_doclayout_v2"), _VISION),
     "evolla": "protein-sequence positions of its SaProt encoder (rotary unless "
     "position_embedding_type='absolute'); its language model is rotary (from_hf_config)",
-    "deberta": "disentangled relative attention (position_biased_input)",
-    "deberta_v2": "disentangled relative attention (position_biased_input)",
     "decision_transformer": "timestep embeddings, not token positions",
 }
 
 
+#: Families compared by ``test_deberta_attention_and_table_equal_the_familys_own`` below.
+DISENTANGLED = ("deberta", "deberta_v2")
+
+
 def _cases(group: str) -> list[str]:
+    own = {*walk.OWN_TESTS, *DISENTANGLED}
     return sorted(
         f
         for f, groups in walk.families().items()
-        if group in groups and f not in UNSUPPORTED and f not in walk.OWN_TESTS
+        if group in groups and f not in UNSUPPORTED and f not in own
     )
 
 
@@ -154,7 +158,8 @@ _HF_TOWERS = {
 def test_every_family_is_checked_or_unsupported_with_a_reason():
     found = set(walk.families())
     assert set(UNSUPPORTED) <= found, f"stale entries: {sorted(set(UNSUPPORTED) - found)}"
-    checked = {f for group in walk.GROUPS for f in _cases(group)} | set(walk.OWN_TESTS)
+    checked = {f for group in walk.GROUPS for f in _cases(group)}
+    checked |= {*walk.OWN_TESTS, *DISENTANGLED}
     assert checked | set(UNSUPPORTED) == found
     print(f"matched {len(checked)} / {len(found)} families")  # the README's coverage
 
@@ -496,3 +501,22 @@ def test_multimodal_text_towers_read_posencs_positions(family, past):
     torch.testing.assert_close(read[real], positions[real] + offset, rtol=0, atol=0)
     with torch.no_grad():
         torch.testing.assert_close(ours[real], table(read)[real], rtol=0, atol=0)
+
+
+# ------------------------------------------------------- DeBERTa: disentangled attention
+
+
+@pytest.mark.parametrize("family", DISENTANGLED)
+def test_deberta_attention_and_table_equal_the_familys_own(family):
+    """The absolute table and every layer's ``DisentangledSelfAttention`` of a tiny random
+    model (c2p and p2c; DeBERTa-v2 with log buckets, shared keys and the table's LayerNorm)
+    against posenc's ``Compose`` from ``build_position_module``, loaded per layer by one
+    ``load_hf_weights`` call; probabilities and context at positions ``0..T-1`` and at an
+    offset (more in ``test_disentangled.py``)."""
+    from _deberta import compare_with_transformers
+
+    fields = {"relative_attention": True, "pos_att_type": "c2p|p2c", "max_relative_positions": 20}
+    if family == "deberta_v2":
+        fields |= {"position_buckets": 8, "share_att_key": True, "norm_rel_ebd": "layer_norm"}
+    mt = walk.model_type_of(family)
+    assert compare_with_transformers(mt, offsets=(0, OFFSET), **fields) == 2
