@@ -245,6 +245,8 @@ def test_register_refuses_an_unknown_or_unusable_position_shape():
     with pytest.raises(ValueError, match=r"_Patches declares positions \[N, A\] but no attention"):
         posenc.register("patches", paper="-", description="-")(_Patches)
     assert "grid" not in posenc.available() and "patches" not in posenc.available()
+    with pytest.raises(TypeError, match=r"item 1 \(_Patches\) declares positions \[N, A\]"):
+        Compose([RotaryEmbedding(D), _Patches()])
 
 
 def test_the_lab_trains_token_encodings_and_refuses_patch_encodings():

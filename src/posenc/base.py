@@ -164,7 +164,8 @@ class Compose(PositionalEncoding):
     every part as they are.
 
     Raises:
-        TypeError: an item that is not a ``PositionalEncoding``.
+        TypeError: an item that is not a ``PositionalEncoding``; a structured part without
+            ``attention_positions``.
         ValueError: no encodings; parts that need different structured positions (named).
     """
 
@@ -179,6 +180,12 @@ class Compose(PositionalEncoding):
         if not encodings:
             raise ValueError("Compose needs at least one encoding, got an empty list")
         structured = [(i, e) for i, e in enumerate(encodings) if e.position_shape != "[T]"]
+        for i, enc in structured:
+            if not callable(getattr(enc, "attention_positions", None)):
+                raise TypeError(
+                    f"Compose item {i} ({type(enc).__name__}) declares positions "
+                    f"{enc.position_shape} but has no attention_positions method"
+                )
         if len({e.position_shape for _, e in structured}) > 1:
             parts = ", ".join(
                 f"{type(e).__name__} (item {i}) {e.position_shape}" for i, e in structured
