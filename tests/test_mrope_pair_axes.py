@@ -2,7 +2,9 @@
 reference written from the formula, and the family builders that use it: ERNIE 4.5-VL
 (height and width pairs alternate, then time; adjacent pairs), NeoMME (two axes, row and
 column pairs alternate; half-split, partial rotary), Qwen2.5-Omni / Qwen3-Omni / Cohere
-Compass / GLM-OCR / Qwen4-Exp (the existing section layouts, read from their configs).
+Compass / GLM-OCR / Qwen4-Exp (the existing section layouts, read from their configs); and
+HunYuan-VL's XD-RoPE (``XDRoPE``: axes over feature blocks, so a pair's two features may
+follow different axes).
 
 Pair ``p`` rotates by ``pos[axis(p)] * base ** (-2p / R)``. The families' own modules are
 compared in ``test_hf_families`` (the walk); here the formula and the config reading.
@@ -22,6 +24,7 @@ import torch
 import posenc
 from conftest import tolerances
 from posenc import MRoPE, NoPE
+from posenc.encodings.rotary.mrope_xd import XDRoPE
 from posenc.reference import rope_frequencies
 from posenc.reference import rope_schemes as ref
 
@@ -221,7 +224,88 @@ def test_an_omni_config_is_read_through_its_thinker():
     assert len(posenc.hf.layer_plan(config)) == 3
 
 
-def test_hunyuan_vl_stays_refused():
-    rope = {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [16, 16, 16, 16]}
-    with pytest.raises(ValueError, match="hunyuan_vl_text"):
-        posenc.from_hf_config(_text("hunyuan_vl_text", rope))
+# --------------------------------------------------------------------------- XD-RoPE
+
+
+def _xd_reference(x, positions, sections, base=10000.0):
+    """HunYuan's XD-RoPE of ``x [B, H, T, D]`` at ``positions [A, B, T]``, from the formula:
+    feature ``f`` takes the angle ``pos[block(f)] * theta_{f mod P}``."""
+    x = x.double().numpy()
+    pairs = x.shape[-1] // 2
+    block = np.repeat(np.arange(len(sections)), 2 * np.asarray(sections))  # [D]
+    theta = rope_frequencies(2 * pairs, base)
+    pos = np.asarray(positions, dtype=np.float64)
+    alpha = pos[block[:pairs]].transpose(1, 2, 0) * theta  # [B, T, P]
+    beta = pos[block[pairs:]].transpose(1, 2, 0) * theta
+    alpha, beta = alpha[:, None], beta[:, None]
+    first, second = x[..., :pairs], x[..., pairs:]
+    out1 = first * np.cos(alpha) - second * np.sin(alpha)
+    out2 = second * np.cos(beta) + first * np.sin(beta)
+    return np.concatenate([out1, out2], axis=-1)
+
+
+XD_SECTIONS = {"four_axes": [2, 2, 3, 1], "three_axes": [3, 3, 2]}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("sections", XD_SECTIONS)
+def test_xdrope_matches_the_reference(sections, dtype):
+    sections = XD_SECTIONS[sections]
+    enc = XDRoPE(16, sections=sections)
+    assert enc.num_axes == len(sections)
+    q, k = _qk(dtype, 16)
+    g = torch.Generator().manual_seed(2)
+    q_pos = torch.randint(0, SPAN, (len(sections), B, T), generator=g)
+    k_pos = torch.randint(0, SPAN, (len(sections), B, T), generator=g)
+    for got, x, pos in zip(enc.rotate(q, k, q_pos, k_pos), (q, k), (q_pos, k_pos), strict=True):
+        _check(got, _xd_reference(x, pos, sections), dtype, SPAN)
+
+
+def test_xdrope_of_text_positions_is_plain_rope_and_images_are_not_rotations():
+    enc = XDRoPE(16, sections=[2, 2, 3, 1])
+    plain = posenc.RotaryEmbedding(16)
+    q, k = _qk(torch.float64, 16)
+    text = torch.arange(T) + 7
+    pairs = zip(enc.rotate(q, k, text, text), plain.rotate(q, k, text, text), strict=True)
+    for got, want in pairs:
+        torch.testing.assert_close(got, want, **tolerances(torch.float64, ops=64))
+    image = torch.stack([text, text + 3, text + 5, text * 0]).unsqueeze(1).expand(4, B, T)
+    got_q, _ = enc.rotate(q, k, image, image)
+    assert not torch.allclose(got_q.norm(dim=-1), q.norm(dim=-1))  # as in the model
+
+
+@pytest.mark.parametrize(
+    ("sections", "fragment"),
+    [([4, 4], "sum to 8, but the head has 16"), ([8], "at least 2"), ("44", "list of integers")],
+)
+def test_bad_xdrope_sections_raise(sections, fragment):
+    with pytest.raises((ValueError, TypeError), match=fragment):
+        XDRoPE(32 if sections == [4, 4] else 16, sections=sections)
+
+
+def test_hunyuan_reads_the_checkpoint_rope_dict():
+    rope = {
+        "type": "xdrope", "rope_theta": 1e4, "alpha": 1000.0, "factor": 1.0, "beta_fast": 32,
+        "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0, "xdrope_section": [16] * 4,
+    }  # fmt: skip
+    enc = posenc.from_hf_config(_text("hunyuan_vl_text", rope, head_dim=128))
+    assert isinstance(enc, XDRoPE) and enc.sections == (16, 16, 16, 16)
+    assert enc.rope.base == pytest.approx(1e4 * 1000.0 ** (128 / 126), rel=1e-12)
+    plain = posenc.from_hf_config(
+        _text("hunyuan_vl_text", {"rope_theta": 1e4, "mrope_section": [16, 16, 32]})
+    )
+    assert plain.rope.base == 1e4 and plain.num_axes == 3
+
+
+@pytest.mark.parametrize(
+    ("rope", "fragment"),
+    [
+        ({"rope_type": "default"}, "needs one mrope_section"),
+        ({"mrope_section": [16] * 4, "xdrope_section": [8, 24, 16, 16]}, "needs one"),
+        ({"rope_type": "dynamic", "factor": 2.0, "mrope_section": [16] * 4}, "'dynamic'"),
+        ({"rope_type": "linear", "factor": 2.0, "mrope_section": [16] * 4}, "'linear'"),
+    ],
+)
+def test_hunyuan_refuses_what_it_does_not_compute(rope, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        posenc.from_hf_config(_text("hunyuan_vl_text", {"rope_theta": 1e4, **rope}))

@@ -117,8 +117,7 @@ axk1 axk2 bailing_hybrid deepseek_v2 deepseek_v3 deepseek_v32 glm4_moe_lite glm_
 longcat_flash youtu
 """
 # M-RoPE and 2-D axial schemes (posenc.hf.schemes), each checked against the family's own
-# rotary at 3-axis / [N, 2] positions (tests/test_schemes_families.py); "pending:" families
-# use a variant posenc does not reproduce yet and raise instead
+# rotary at 3-axis / [N, 2] positions (the parity walk, tests/_hf_walk.py)
 _MROPE = """
 qwen2_vl qwen2_vl_text qwen2_5_vl qwen2_5_vl_text paddleocr_vl paddleocr_vl_text qwen2_5_omni
 qwen2_5_omni_thinker qwen2_5_omni_text qwen2_5_omni_talker
@@ -131,9 +130,6 @@ cohere_compass cohere_compass_text
 _QWEN3_5_MROPE = "qwen3_5 qwen3_5_text qwen3_5_moe qwen3_5_moe_text qwen4_exp qwen4_exp_text"
 _GLM4V_MROPE = "glm4v glm4v_text glm_ocr glm_ocr_text"
 _GLM_MROPE = "glm4v_moe glm4v_moe_text glm_image glm_image_text"
-# HunYuan-VL's xdrope: 3 or 4 axes over feature blocks of the [P | P] cos/sin, so the two
-# halves of one pair can follow different axes
-_MROPE_PENDING = "hunyuan_vl hunyuan_vl_text"
 _AXIAL = """
 qwen2_vl_vision qwen2_5_vl_vision qwen3_vl_vision qwen3_vl_moe_vision qwen3_5_vision
 qwen3_5_moe_vision qwen4_exp_vision glm4v_vision glm4v_moe_vision glm_ocr_vision
@@ -152,6 +148,7 @@ _AXIAL_VARIANTS = {
     "kimi_k25_vision": "axial_xy_cyclic",
     "minimax_m3_vl_vision": "axial_thw",
     "eomt_dinov3": "dinov3",
+    **dict.fromkeys(("sam2_video", "sam3_tracker_video", "edgetam_video"), "memory_axial"),
 }
 # per-layer-type rope parameters and per-layer head dims (per_layer_config), as Gemma 4
 _PROPORTIONAL = """
@@ -169,9 +166,10 @@ FAMILIES: dict[str, Family] = {
     **{name: Family(scheme="qwen3_5_mrope") for name in _QWEN3_5_MROPE.split()},
     **{name: Family(scheme="glm4v_mrope") for name in _GLM4V_MROPE.split()},
     **{name: Family(scheme="glm_mrope") for name in _GLM_MROPE.split()},
-    **{name: Family(scheme="pending:mrope") for name in _MROPE_PENDING.split()},
     **dict.fromkeys(("ernie4_5_vl_moe", "ernie4_5_vl_moe_text"), Family(scheme="ernie_mrope")),
     "neomme": Family(scheme="neomme_mrope"),
+    # XD-RoPE: 3 or 4 axes over feature blocks of the [cos | cos] layout
+    **dict.fromkeys(("hunyuan_vl", "hunyuan_vl_text"), Family(scheme="hunyuan_xdrope")),
     **{name: Family(scheme="axial") for name in _AXIAL.split()},
     "pixtral": Family(scheme="axial_alternating"),
     "dinov3_vit": Family(scheme="dinov3"),

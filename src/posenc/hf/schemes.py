@@ -23,6 +23,8 @@ ernie_mrope        ERNIE 4.5-VL (``mrope_section`` = (h, w, t), h == w:    MRoPE
                    follow time; adjacent pairs; default frequencies only)
 neomme_mrope       NeoMME (two axes: pairs alternate row, column;          MRoPE
                    positions ``[2, T]``; half-split, partial per layer type)
+hunyuan_xdrope     HunYuan-VL (3 or 4 axes over feature blocks of          XDRoPE
+                   ``[cos | cos]``; ``alpha``: a fixed NTK base)
 axial              Qwen-VL / GLM-4V vision towers (shared frequencies)     AxialRope
 axial_alternating  Pixtral (even frequencies rows, odd columns)            AxialRope
 dinov3             DINOv3 ViT (patch-center coordinates, prefix tokens),   AxialRope
@@ -34,6 +36,9 @@ axial_xy_llama4    Llama 4 vision (the same; ``rope_type: default``)       Axial
 axial_xy_per_axis  Gemma 4 vision (each axis a half-split block)           AxialRope
 axial_xy_cyclic    Kimi K2.5 vision (pairs alternate column, row)          AxialRope
 axial_thw          MiniMax-M3-VL vision (t, y, x on 2 floor(D/6) each)     AxialRope
+memory_axial       SAM2 / SAM3 / EdgeTAM video trackers' memory attention  AxialRope
+                   (as axial_xy_adjacent; memory keys take their frames'
+                   grid positions, object-pointer keys stay unrotated)
 mla                DeepSeek-V2/V3 decoupled RoPE (``qk_rope_head_dim``)    MLARope
 deepseek_v4        DeepSeek-V4 (last R = f D features, adjacent pairs;       TrailingRope
                    ``main`` / ``compress`` rope parameters by layer type)
@@ -60,11 +65,11 @@ not applied: it is the eval-mode encoding.
 Vision positions are ``(y, x)`` (row, column; ``(t, y, x)`` for ``axial_thw``), the
 coordinates the tower computes: Inkling2 counts patches from 1 and gives its class token
 ``(0, 0)``; Llama 4 counts from 1 and appends a class token at ``(0, 0)``; SAM3 scales a
-global layer's grid by ``window_size / width``; Gemma 4 and SAM3 store ``(x, y)``, so
-swap their columns.
-
-A family table entry ``pending:<scheme>`` marks a family whose variant of the scheme posenc
-does not reproduce yet: ``build_scheme`` raises for it, naming the ``model_type``.
+global layer's grid by ``window_size / width``; Gemma 4, SAM3 and the SAM2-style trackers
+store ``(x, y)``, so swap their columns. The trackers' memory keys repeat the grid once per
+memory frame, and their trailing object-pointer keys (``num_k_exclude_rope``), like
+EdgeTAM's leading temporal tokens of each memory frame, are not rotated: pass the other
+keys only.
 """
 
 from __future__ import annotations
@@ -79,6 +84,7 @@ from posenc.encodings.rotary.axial import AxialRope
 from posenc.encodings.rotary.mla import MLARope
 from posenc.encodings.rotary.module import RotaryEmbedding
 from posenc.encodings.rotary.mrope import MRoPE, _sections
+from posenc.encodings.rotary.mrope_xd import XDRoPE
 from posenc.encodings.rotary.scaling import DEFAULT_BASE
 from posenc.encodings.rotary.temperature import PositionTemperature
 from posenc.encodings.rotary.trailing import TrailingRope
@@ -251,6 +257,42 @@ def _ernie_mrope(cfg: Mapping[str, Any], layer_type: str | None, layer_idx: int 
     return MRoPE(head_dim, base=base, interleaved=True, pair_axes=axes)
 
 
+# keys of HunYuan's "xdrope" / "dynamic" + alpha dict that its ntk_alpha frequencies never read
+_NTK_ALPHA_UNREAD = ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "factor")
+
+
+def _hunyuan_xdrope(cfg: Mapping[str, Any], layer_type: str | None, layer_idx: int | None):
+    """HunYuan-VL: XD-RoPE over ``mrope_section`` (legacy ``xdrope_section``) axes; the
+    checkpoints' ``type: "xdrope"`` (transformers: ``dynamic``) with ``alpha`` is a fixed
+    NTK base ``rope_theta * alpha ** (D / (D - 2))``."""
+    layer = _mrope_layer(cfg, layer_type, layer_idx)
+    if layer is None:
+        return NoPE()
+    params, head_dim, rotary_dim = layer
+    sections = params.pop("mrope_section", None)
+    legacy = params.pop("xdrope_section", None)
+    if sections is None or (legacy is not None and list(legacy) != list(sections)):
+        sections = legacy if sections is None else None
+    if sections is None or rotary_dim not in (None, head_dim):
+        raise ValueError(
+            "HunYuan-VL's rotary needs one mrope_section (or xdrope_section) over the whole "
+            f"head, got mrope_section / xdrope_section {legacy!r}, rotary_dim={rotary_dim}"
+        )
+    kind = params.pop("rope_type", params.pop("type", "default"))
+    base = params.pop("rope_theta")
+    if kind in ("xdrope", "dynamic") and params.get("alpha"):
+        base = base * params.pop("alpha") ** (head_dim / (head_dim - 2))
+        for key in _NTK_ALPHA_UNREAD:
+            params.pop(key, None)
+        kind = "default"
+    if kind != "default" or params:
+        raise ValueError(
+            f"HunYuan-VL's XD-RoPE takes the default or the alpha (NTK) frequencies, got "
+            f"rope_type={kind!r} with {sorted(params)}"
+        )
+    return XDRoPE(head_dim, sections=sections, base=base)
+
+
 def _neomme_mrope(cfg: Mapping[str, Any], layer_type: str | None, layer_idx: int | None):
     """NeoMME: two axes (row, column), pairs alternate ``row0, col0, row1, col1, ...``;
     positions ``[2, T]`` / ``[2, B, T]``; half-split pairs of the first ``R`` features."""
@@ -305,6 +347,24 @@ def _axial(
         return AxialRope(head_dim, base=base, frequencies=frequencies, **layout, **extra)
 
     return build
+
+
+def _memory_axial(cfg: Mapping[str, Any], layer_type: str | None, layer_idx: int | None):
+    """SAM2-style video trackers: the memory attention's axial RoPE (adjacent pairs, column
+    first), heads of ``memory_attention_hidden_size / (downsample_rate * heads)``."""
+    width = check_int("memory_attention_hidden_size", cfg.get("memory_attention_hidden_size"))
+    rate = check_int(
+        "memory_attention_downsample_rate", cfg.get("memory_attention_downsample_rate", 1)
+    )
+    heads = check_int(
+        "memory_attention_num_attention_heads", cfg.get("memory_attention_num_attention_heads")
+    )
+    return AxialRope(
+        width // (rate * heads),
+        base=_vision_base(cfg, layer_type, ("axial",)),
+        axis_order=(1, 0),
+        pairs="interleaved",
+    )
 
 
 def _dinov3(cfg: Mapping[str, Any], layer_type: str | None, layer_idx: int | None) -> AxialRope:
@@ -413,6 +473,7 @@ SCHEMES: dict[str, Builder] = {
     "glm_mrope": _mrope([8, 12, 12], cyclic=False, interleaved=False),
     "ernie_mrope": _ernie_mrope,
     "neomme_mrope": _neomme_mrope,
+    "hunyuan_xdrope": _hunyuan_xdrope,
     "axial": _axial("shared"),
     "axial_alternating": _axial("alternating"),
     "axial_xy": _axial(axis_order=(1, 0)),
@@ -422,6 +483,7 @@ SCHEMES: dict[str, Builder] = {
     "axial_xy_cyclic": _axial(axis_order=(1, 0), cyclic=True),
     "axial_thw": _axial(thirds=True),
     "dinov3": _dinov3,
+    "memory_axial": _memory_axial,
     "mla": _mla,
     "deepseek_v4": _deepseek_v4,
     "temperature": _temperature,
@@ -445,18 +507,12 @@ def build_scheme(
         layer_idx: the layer, for per-layer head dims (Gemma 4); sets ``layer_type``.
 
     Raises:
-        ValueError: unknown or pending ``scheme`` (naming the ``model_type``); a rope key
+        ValueError: unknown ``scheme`` (naming the ``model_type``); a rope key
             the scheme's scaling does not know; sections that do not sum to the rotary half; a
             ``layer_type`` not in the config; missing fields.
     """
     config = _as_dict(config)
     model_type = config.get("model_type")
-    if scheme.startswith("pending:"):
-        raise ValueError(
-            f"model_type {model_type!r} uses a variant of {scheme[8:]} that posenc does not "
-            "reproduce yet; build it explicitly (posenc.MRoPE, posenc.AxialRope) after "
-            "checking its layout"
-        )
     if scheme not in SCHEMES:
         raise ValueError(
             f"unknown scheme {scheme!r} (model_type {model_type!r}); known schemes: "
