@@ -272,6 +272,9 @@ def test_xdrope_of_text_positions_is_plain_rope_and_images_are_not_rotations():
     image = torch.stack([text, text + 3, text + 5, text * 0]).unsqueeze(1).expand(4, B, T)
     got_q, _ = enc.rotate(q, k, image, image)
     assert not torch.allclose(got_q.norm(dim=-1), q.norm(dim=-1))  # as in the model
+    assert enc.cos_sin(text, dtype=torch.float64)[0].shape == (T, 8)
+    with pytest.raises(ValueError, match="two angles"):
+        enc.cos_sin(image, dtype=torch.float64)
 
 
 @pytest.mark.parametrize(

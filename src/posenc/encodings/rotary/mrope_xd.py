@@ -94,6 +94,19 @@ class XDRoPE(MRoPE):
         self.sections = tuple(int(s) for s in sections)
         self._second_axes = axes[pairs:]  # the axis of each pair's second feature
 
+    def cos_sin(self, positions: Tensor, *, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """``(cos, sin)`` ``[(B,) T, P]`` of text positions (one angle per pair).
+
+        Raises:
+            ValueError: axis positions, where a pair has two angles (use ``rotate``).
+        """
+        if _has_axes(positions, self.num_axes):
+            raise ValueError(
+                f"XD-RoPE gives a pair two angles at axis positions {tuple(positions.shape)}; "
+                "there is no single cos/sin table: use rotate"
+            )
+        return super().cos_sin(positions, dtype=dtype)
+
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
         """Rotate ``q [B, H, Tq, D]`` and ``k [B, Hkv, Tk, D]`` at their XD-RoPE positions.
 
