@@ -415,7 +415,7 @@ def _tower_model(family: str, spec: _Tower):
     return cfg, transformers.AutoModel.from_config(cfg).eval()
 
 
-def _tower_inputs(family: str, module, cfg, ids: torch.Tensor, mask: torch.Tensor) -> dict:
+def _tower_inputs(module, cfg, ids: torch.Tensor, mask: torch.Tensor) -> dict:
     """The arguments of the family's text tower beyond ids and mask (stand-in image or
     speech features: they never reach the text positions)."""
     params = inspect.signature(module.forward).parameters
@@ -438,7 +438,7 @@ def _tower_inputs(family: str, module, cfg, ids: torch.Tensor, mask: torch.Tenso
     return kwargs
 
 
-def _positions_read(family: str, spec: _Tower, model, cfg, ids, mask, past: int):
+def _positions_read(spec: _Tower, model, cfg, ids, mask, past: int):
     """Run the tower on ``ids[:, past:]`` after a cache of ``ids[:, :past]``; returns what its
     position module gave (the rows read, or the sinusoidal output) and that module."""
     module = model.get_submodule(spec.call) if spec.call else model
@@ -452,10 +452,10 @@ def _positions_read(family: str, spec: _Tower, model, cfg, ids, mask, past: int)
     kwargs = {}
     with torch.no_grad():
         if past:
-            first = _tower_inputs(family, module, cfg, ids[:, :past], mask[:, :past])
+            first = _tower_inputs(module, cfg, ids[:, :past], mask[:, :past])
             kwargs["past_key_values"] = module(**first, use_cache=True).past_key_values
             seen.clear()
-        now = _tower_inputs(family, module, cfg, ids[:, past:], mask[:, past:])
+        now = _tower_inputs(module, cfg, ids[:, past:], mask[:, past:])
         if past and "attention_mask" in now:
             now["attention_mask"] = mask.long()
         module(**now, **kwargs)
@@ -482,7 +482,7 @@ def test_multimodal_text_towers_read_posencs_positions(family, past):
     pad = tower_cfg.get("pad_token_id")
     ids[1, :3] = pad = PAD if pad is None else pad  # Perceiver's config has none
     mask = ids != pad
-    read, table = _positions_read(family, spec, model, cfg, ids, mask, past)
+    read, table = _positions_read(spec, model, cfg, ids, mask, past)
     if ABSOLUTE_FAMILIES[tower_type].skips_padding:  # from the cache's length, pads included
         positions = positions_skipping_padding(mask[:, past:], past=past)
     else:
