@@ -507,7 +507,7 @@ def hf_axial_rotate(module, rotary, q, k, pos):
         size = rotary.eval().config.patch_size
         cos, sin = rotary(torch.zeros(1, 3, DINO_GRID[0] * size, DINO_GRID[1] * size))
         return module.apply_rotary_pos_emb(q, k, cos, sin)
-    xy = pos.flip(-1)  # Gemma 4 and SAM3 take (x, y)
+    xy = pos.flip(-1)  # Gemma 4, SAM3 and the trackers take (x, y)
     if hasattr(module, "apply_multidimensional_rope"):  # Gemma 4: [B, N, 2], [B, N, H, D]
         cos, sin = rotary(q, xy[None])
         got = (
@@ -515,9 +515,12 @@ def hf_axial_rotate(module, rotary, q, k, pos):
             for x in (q, k)
         )
         return tuple(x.transpose(1, 2) for x in got)
-    if hasattr(module, "apply_rotary_pos_emb_2d"):  # SAM3: cos/sin [1, N, D]
+    apply_2d = getattr(module, "apply_rotary_pos_emb_2d", None) or getattr(
+        module, "apply_rotary_pos_emb_2d_self_attn", None
+    )  # SAM3 ViT, the SAM2-style trackers (EdgeTAM's self-attention): cos/sin [1, N, D]
+    if apply_2d is not None:
         cos, sin = rotary(q, xy)
-        return module.apply_rotary_pos_emb_2d(q, k, cos=cos, sin=sin)
+        return apply_2d(q, k, cos=cos, sin=sin)
     cos, sin = rotary(q, pos)  # the Qwen-VL style: cos/sin [N, D], q/k [N, H, D]
     got = module.apply_rotary_pos_emb_vision(q[0].transpose(0, 1), k[0].transpose(0, 1), cos, sin)
     return tuple(x.transpose(0, 1)[None] for x in got)

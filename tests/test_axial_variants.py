@@ -165,3 +165,21 @@ def test_eomt_query_layers_add_the_queries_to_the_prefix():
     assert [enc.num_prefix_tokens for enc in plan] == [4] * 4 + [11] * 2
     with pytest.raises(ValueError, match="layer_idx=6"):
         posenc.from_hf_config(cfg, layer_idx=6)
+
+
+def test_tracker_memory_attention_reads_its_own_head_dim():
+    cfg = {
+        "model_type": "sam2_video", "memory_attention_hidden_size": 256,
+        "memory_attention_num_attention_heads": 2, "memory_attention_downsample_rate": 2,
+        "rope_parameters": {"rope_type": "axial", "rope_theta": 1000.0},
+        "vision_config": {"hidden_size": 96, "num_attention_heads": 1},  # not the memory's
+    }  # fmt: skip
+    enc = posenc.from_hf_config(cfg)
+    assert (enc.head_dim, enc.base, enc.axis_order, enc.pairs) == (
+        64,
+        1000.0,
+        (1, 0),
+        "interleaved",
+    )
+    with pytest.raises(TypeError, match="memory_attention_hidden_size"):
+        posenc.from_hf_config({**cfg, "memory_attention_hidden_size": None})

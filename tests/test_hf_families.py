@@ -28,10 +28,6 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 # case id -> why posenc does not match it; posenc refuses every "refused:" config with a
 # ValueError (never a plausible wrong rotation)
 UNSUPPORTED = {
-    "edgetam_video/EdgeTamVideoVisionRotaryEmbedding": "refused: 2-D memory-attention RoPE",
-    "sam2_video/Sam2VideoVisionRotaryEmbedding": "refused: 2-D memory-attention RoPE",
-    "sam3_tracker_video/Sam3TrackerVideoVisionRotaryEmbedding": "refused: 2-D memory-attention "
-    "RoPE",
     "efficientloftr/EfficientLoFTRRotaryEmbedding": "refused: 2-D RoPE over feature-map "
     "coordinates (keypoint matching)",
     "esmfold2/EsmFold2RotaryEmbedding": "refused: protein-structure RoPE, config without a "
