@@ -312,3 +312,16 @@ def test_hunyuan_reads_the_checkpoint_rope_dict():
 def test_hunyuan_refuses_what_it_does_not_compute(rope, fragment):
     with pytest.raises(ValueError, match=fragment):
         posenc.from_hf_config(_text("hunyuan_vl_text", {"rope_theta": 1e4, **rope}))
+
+
+def test_interleaved_sections_of_another_sum_are_refused():
+    """Qwen4-Exp's default config rotates the whole 256-feature head with Qwen3.5's
+    [11, 11, 10] sections: transformers lets the remaining pairs follow time, posenc refuses
+    a section list that does not sum to the rotary half instead of guessing."""
+    rope = {"rope_type": "default", "rope_theta": 1e4}
+    with pytest.raises(ValueError, match=r"sums to 32, but the rotary half has 128"):
+        posenc.from_hf_config(_text("qwen4_exp_text", rope, head_dim=256))
+    enc = posenc.from_hf_config(
+        _text("qwen4_exp_text", {**rope, "partial_rotary_factor": 0.25}, head_dim=256)
+    )
+    assert enc.rope.rotary_dim == 64 and enc.mrope_section == (11, 11, 10)
