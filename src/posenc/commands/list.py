@@ -70,6 +70,7 @@ def model_table() -> Table:
     from posenc.hf.absolute import ABSOLUTE_FAMILIES, STACKS
     from posenc.hf.biases import ALIBI_FAMILIES, T5_FAMILIES
     from posenc.hf.composite import TEXT_TOWERS
+    from posenc.hf.deberta import DEBERTA_FAMILIES
     from posenc.hf.families import FAMILIES
 
     table = Table(
@@ -94,6 +95,9 @@ def model_table() -> Table:
     rows["falcon"] = f"{rows['falcon']}, or alibi"
     rows.update({model_type: "t5 buckets" for model_type in T5_FAMILIES})
     rows["udop"] += " (the encoder's 1-D ones)"
+    for model_type, v2 in DEBERTA_FAMILIES.items():
+        extra = " (log buckets, shared keys)" if v2 else ""
+        rows[model_type] = f"absolute learned and/or disentangled attention{extra}"
     for model_type, towers in TEXT_TOWERS.items():  # multimodal: their text positions only
         where = ", ".join(towers)
         own = rows.get(model_type)
