@@ -12,15 +12,17 @@ DeBERTa-v2 when ``norm_rel_ebd`` says so) is projected per layer to position key
 with ``s = 1 + (number of position terms)``: content-to-content, content-to-position
 ("c2p") and position-to-content ("p2c"); ``idx_ij = clip(r_ij + k, 0, 2k - 1)`` with
 ``r_ij = i - j``, or its log bucket ``r_ij = bucket(i - j)`` (DeBERTa-v2,
-``log_bucket_position``). The p2c row: the paper's eq. 4 writes ``delta(j, i)``; the released
-code (Microsoft's and transformers') gathers ``Q^r`` at ``-bucket(j - i) = bucket(i - j)``,
-the same row as c2p, and the checkpoints were trained with it, so posenc uses that row.
+``log_bucket_position``). The p2c row: the paper's eq. 4 indexes ``Q^r`` by ``delta(j, i)``;
+transformers' code (ported from the released one, with which the checkpoints were trained)
+gathers it at ``-bucket(j - i) = bucket(i - j)``, the same row as c2p. posenc reads that row
+(the tests compare the scores with transformers' own).
 
 posenc's attention divides ``q . k`` by ``sqrt(D)`` only, so this encoding acts at two sites:
 QK multiplies the queries by ``1 / sqrt(s)`` (then ``q . k / sqrt(D)`` is DeBERTa's
 content term) and SCORE adds ``c2p + p2c``. ``score_bias`` therefore receives the scaled
 queries. With ``share_att_key`` (DeBERTa-v2) the position projections are the layer's own
-query and key projections: ``posenc.hf.load_hf_weights`` copies those into this module.
+query and key projections: ``posenc.hf.load_hf_weights`` copies those into this module's
+projections (copies: training them here would untie them).
 
 Positions: integer ``[T]`` or ``[B, T]``; the scores depend on ``i - j`` only.
 """
