@@ -51,7 +51,7 @@ EPS32 = torch.finfo(torch.float32).eps
 _ORIGINAL = "original_max_position_embeddings"
 SPAN = 300  # random M-RoPE axis positions 0..SPAN-1 (an image grid's range)
 PATCHES = 64  # random axial patch positions 0..PATCHES-1
-DINO_GRID = (4, 3)  # EoMT-DINOv3's patch grid
+DINO_GRID = (4, 3)  # EoMT-DINOv3's patch grid, EfficientLoFTR's aggregated grid
 #: a text + image (2 frames of 4 x 6 patches, merged 2 x 2) + text sequence
 MIXED = ([3, (2, 4, 6), 3], 2)
 #: GLM-4V's default sections ([8, 12, 12]) assume the half-rotated 128-feature heads of the
@@ -495,6 +495,8 @@ def axial_variant_positions(module, config, ours, gen: torch.Generator) -> torch
         return torch.cat((posenc.axial_positions((side, side)) + 1, ones))
     if hasattr(module, "get_patches_center_coordinates"):
         return posenc.dinov3_positions(DINO_GRID)
+    if hasattr(module, "compute_embeddings"):  # EfficientLoFTR: 1-based rows and columns
+        return posenc.axial_positions(DINO_GRID) + 1
     return torch.randint(0, PATCHES, (24, ours.axes), generator=gen)
 
 
@@ -507,6 +509,12 @@ def hf_axial_rotate(module, rotary, q, k, pos):
         size = rotary.eval().config.patch_size
         cos, sin = rotary(torch.zeros(1, 3, DINO_GRID[0] * size, DINO_GRID[1] * size))
         return module.apply_rotary_pos_emb(q, k, cos, sin)
+    if hasattr(module, "compute_embeddings"):  # EfficientLoFTR: the aggregated feature grid
+        stride, kernel = rotary.config.q_aggregation_stride, rotary.config.q_aggregation_kernel_size
+        fmap = torch.zeros(1, 1, *((n - 1) * stride + kernel for n in DINO_GRID))
+        cos, sin = (x.reshape(1, -1, x.shape[-1]) for x in rotary(fmap))  # [1, N, hidden]
+        got = module.apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin, 2)
+        return tuple(x.transpose(1, 2) for x in got)
     xy = pos.flip(-1)  # Gemma 4, SAM3 and the trackers take (x, y)
     if hasattr(module, "apply_multidimensional_rope"):  # Gemma 4: [B, N, 2], [B, N, H, D]
         cos, sin = rotary(q, xy[None])

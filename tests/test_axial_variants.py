@@ -183,3 +183,16 @@ def test_tracker_memory_attention_reads_its_own_head_dim():
     )
     with pytest.raises(TypeError, match="memory_attention_hidden_size"):
         posenc.from_hf_config({**cfg, "memory_attention_hidden_size": None})
+
+
+def test_efficientloftr_rotates_the_whole_hidden_vector():
+    rope = {"rope_type": "default", "rope_theta": 100.0, "partial_rotary_factor": 2.0}
+    cfg = {
+        "model_type": "efficientloftr", "hidden_size": 64, "num_attention_heads": 4,
+        "rope_parameters": rope,
+    }  # fmt: skip
+    enc = posenc.from_hf_config(cfg)
+    assert (enc.head_dim, enc.axis_dim, enc.cyclic, enc.pairs) == (64, 32, True, "interleaved")
+    bad = {**cfg, "rope_parameters": {**rope, "partial_rotary_factor": 1.0}}
+    with pytest.raises(ValueError, match="must be 32, got 16"):
+        posenc.from_hf_config(bad)

@@ -28,8 +28,6 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 # case id -> why posenc does not match it; posenc refuses every "refused:" config with a
 # ValueError (never a plausible wrong rotation)
 UNSUPPORTED = {
-    "efficientloftr/EfficientLoFTRRotaryEmbedding": "refused: 2-D RoPE over feature-map "
-    "coordinates (keypoint matching)",
     "esmfold2/EsmFold2RotaryEmbedding": "refused: protein-structure RoPE, config without a "
     "model_type",
     "evolla/EvollaSaProtRotaryEmbedding": "refused: SaProt protein encoder config without a "

@@ -149,6 +149,7 @@ _AXIAL_VARIANTS = {
     "minimax_m3_vl_vision": "axial_thw",
     "eomt_dinov3": "dinov3",
     **dict.fromkeys(("sam2_video", "sam3_tracker_video", "edgetam_video"), "memory_axial"),
+    "efficientloftr": "loftr_axial",
 }
 # per-layer-type rope parameters and per-layer head dims (per_layer_config), as Gemma 4
 _PROPORTIONAL = """

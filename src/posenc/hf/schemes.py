@@ -36,6 +36,9 @@ axial_xy_llama4    Llama 4 vision (the same; ``rope_type: default``)       Axial
 axial_xy_per_axis  Gemma 4 vision (each axis a half-split block)           AxialRope
 axial_xy_cyclic    Kimi K2.5 vision (pairs alternate column, row)          AxialRope
 axial_thw          MiniMax-M3-VL vision (t, y, x on 2 floor(D/6) each)     AxialRope
+loftr_axial        EfficientLoFTR (the whole hidden vector before the      AxialRope
+                   heads split: q/k ``[B, 1, N, hidden]``; pairs cycle row,
+                   column; positions count from 1)
 memory_axial       SAM2 / SAM3 / EdgeTAM video trackers' memory attention  AxialRope
                    (as axial_xy_adjacent; memory keys take their frames'
                    grid positions, object-pointer keys stay unrotated)
@@ -367,6 +370,26 @@ def _memory_axial(cfg: Mapping[str, Any], layer_type: str | None, layer_idx: int
     )
 
 
+def _loftr_axial(cfg: Mapping[str, Any], layer_type: str | None, layer_idx: int | None):
+    """EfficientLoFTR: axial RoPE over the whole ``hidden_size`` vector before the heads split,
+    adjacent pairs cycling row, column, on ``S = head_dim * partial_rotary_factor`` each."""
+    params = _rope_params(cfg, layer_type)
+    kind, fraction = params.pop("rope_type", "default"), params.pop("partial_rotary_factor", 1.0)
+    base = params.pop("rope_theta")
+    if kind != "default" or params:
+        raise ValueError(
+            f"EfficientLoFTR's RoPE takes rope_type default, rope_theta and "
+            f"partial_rotary_factor only, got {kind!r} and {params}"
+        )
+    width, size = check_int("hidden_size", cfg.get("hidden_size")), int(_head_dim(cfg) * fraction)
+    if 2 * size != width:
+        raise ValueError(
+            f"EfficientLoFTR rotates hidden_size={width} features: head_dim * "
+            f"partial_rotary_factor must be {width // 2}, got {size}"
+        )
+    return AxialRope(width, base=base, cyclic=True, pairs="interleaved", axis_dim=size)
+
+
 def _dinov3(cfg: Mapping[str, Any], layer_type: str | None, layer_idx: int | None) -> AxialRope:
     registers = check_int("num_register_tokens", cfg.get("num_register_tokens", 0), minimum=0)
     prefix = 1 + registers
@@ -484,6 +507,7 @@ SCHEMES: dict[str, Builder] = {
     "axial_thw": _axial(thirds=True),
     "dinov3": _dinov3,
     "memory_axial": _memory_axial,
+    "loftr_axial": _loftr_axial,
     "mla": _mla,
     "deepseek_v4": _deepseek_v4,
     "temperature": _temperature,
