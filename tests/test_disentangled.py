@@ -257,6 +257,21 @@ def test_configs_build_the_parts_they_name():
     assert isinstance(posenc.from_hf_config(none), posenc.NoPE)
 
 
+def test_a_deberta_v3_config_json_builds_its_buckets():
+    """The fields of DeBERTa-v3-base's config.json (a raw dict, pos_att_type as a string)."""
+    v3 = {
+        "model_type": "deberta-v2", "hidden_size": 768, "num_attention_heads": 12,
+        "max_position_embeddings": 512, "relative_attention": True,
+        "position_biased_input": False, "pos_att_type": "p2c|c2p", "max_relative_positions": -1,
+        "position_buckets": 256, "norm_rel_ebd": "layer_norm", "share_att_key": True,
+    }  # fmt: skip
+    enc = posenc.from_hf_config(v3)
+    assert isinstance(enc, DisentangledAttention)
+    assert (enc.span, enc.max_relative_positions, enc.head_dim) == (256, 512, 64)
+    assert enc.pos_att_type == ("c2p", "p2c") and enc.table.norm is not None
+    assert tuple(enc.table.weight.shape) == (512, 768)
+
+
 # ------------------------------------------------------------------------------- bad input
 
 
