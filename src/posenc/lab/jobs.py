@@ -7,6 +7,11 @@ worker (``multiprocessing``'s ``spawn``) loads the corpus once, trains the runs 
 handed with ``threads`` torch threads and writes their weights; the parent writes the run
 records and the report as they come back. Ctrl-C stops the workers (they ignore SIGINT
 themselves; the parent terminates them) and keeps what finished.
+
+Runs differ in cost: a rotary run also evaluates its scalings and two fine-tunes (about
+three times a NoPE run). ``longest_first`` orders them by ``run_cost`` (Graham 1969's
+longest-processing-time rule), so the long runs start first and the short ones fill
+the workers to the end instead of one long run finishing alone.
 """
 
 from __future__ import annotations
@@ -22,9 +27,10 @@ from rich.progress import Progress
 from posenc.lab.config import LabConfig
 from posenc.lab.distributed import Context
 from posenc.lab.runs import Runner
+from posenc.lab.variants import is_rotary, variants
 from posenc.lab.workload import make_workload
 
-__all__ = ["run_in_processes"]
+__all__ = ["longest_first", "run_cost", "run_in_processes"]
 
 _RUNNER: Runner | None = None
 
@@ -41,6 +47,19 @@ def _start(config: LabConfig, out: str, identity: str, threads: int, device: str
 def _run(key: tuple[str, int]) -> dict:
     assert _RUNNER is not None
     return _RUNNER.run(*key)
+
+
+def run_cost(name: str, config: LabConfig) -> int:
+    """A run's work in units of one evaluation row (every length once): its training
+    (about two rows at the default sizes), its rows, and per fine-tune a training
+    (about one row) and a row."""
+    tunes = 1 + len(config.finetune_scalings) if config.finetune_steps and is_rotary(name) else 0
+    return 2 + 1 + len(variants(name, config)) + 2 * tunes
+
+
+def longest_first(todo: list[tuple[str, int]], config: LabConfig) -> list[tuple[str, int]]:
+    """``todo`` (encoding, seed) by decreasing ``run_cost``, in their order among equals."""
+    return sorted(todo, key=lambda key: -run_cost(key[0], config))
 
 
 def run_in_processes(

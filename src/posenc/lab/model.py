@@ -9,6 +9,13 @@ attention. Token embeddings keep PyTorch's N(0, 1) initialisation, the scale of 
 sinusoidal table, so neither drowns the other at the start; a learned position table is
 drawn at that scale too (N(0, 1) rather than GPT-2's N(0, 0.02^2), which next to N(0, 1)
 token embeddings starts the model with almost no position signal).
+
+The attention backend follows what the pass is (``attention_backend``), the same
+arithmetic up to float rounding: with gradients (training windows of 64 to 256 tokens)
+one SDPA call, the bias (if any) materialized, since the chunked path recomputes each
+block in the backward pass; without gradients (evaluation up to 1024 tokens) the chunked
+path, whose query blocks skip the keys a causal mask hides and beat SDPA's fused causal
+CPU kernel at long lengths (``posenc bench --only lab`` times both passes).
 """
 
 from __future__ import annotations
@@ -20,7 +27,18 @@ from posenc.attention import MultiHeadAttention
 from posenc.base import PositionalEncoding, Site
 from posenc.encodings.learned import LearnedPositionalEncoding
 
-__all__ = ["TinyLM"]
+__all__ = ["TinyLM", "attention_backend"]
+
+
+def attention_backend(encoding: PositionalEncoding, *, grad: bool) -> str:
+    """The ``MultiHeadAttention`` backend of a pass with (``grad``) or without gradients.
+
+    A VALUE-site encoding keeps ``"auto"`` (SDPA cannot apply its term); otherwise
+    ``"sdpa"`` with gradients and ``"chunked"`` without (see the module docstring).
+    """
+    if encoding.sites & Site.VALUE:
+        return "auto"
+    return "sdpa" if grad else "chunked"
 
 
 class _Block(nn.Module):
@@ -74,6 +92,9 @@ class TinyLM(nn.Module):
         self.head = nn.Linear(d_model, vocab_size, bias=False)
 
     def forward(self, tokens: Tensor) -> Tensor:
+        backend = attention_backend(self.encoding, grad=torch.is_grad_enabled())
+        for block in self.blocks:
+            block.attn.backend = backend
         positions = torch.arange(tokens.shape[1], device=tokens.device)  # [T]
         x = self.embedding(tokens)  # [B, T, C]
         if self.encoding.sites & Site.INPUT:

@@ -10,6 +10,8 @@ Under ``torchrun`` with several seeds, the runs are spread over the processes (e
 trains its runs alone, one per process at a time); with one seed the processes train
 each run together, data-parallel (``posenc.lab.distributed``). Without ``torchrun``,
 ``jobs > 1`` spreads the runs over that many local worker processes (``posenc.lab.jobs``).
+Spread runs are taken longest first (``posenc.lab.jobs.longest_first``); the numbers of a
+run do not depend on where or when it runs.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from posenc.lab import plots, report
 from posenc.lab.config import LabConfig
 from posenc.lab.distributed import Context, init_context
-from posenc.lab.jobs import run_in_processes
+from posenc.lab.jobs import longest_first, run_in_processes
 from posenc.lab.results import (
     check_identity,
     environment,
@@ -150,6 +152,8 @@ def run_lab(
             _say_what_is_held(console, config, runs)
         todo = [(n, s) for s in config.seeds for n in config.encodings if (n, s) not in runs]
         local = context
+        if _spread(context, config) or jobs > 1:  # parallel: the long runs first
+            todo = longest_first(todo, config)
         if _spread(context, config):
             todo, local = todo[context.rank :: context.world], Context(device=context.device)
         bars = _progress(console, progress and context.is_main)
