@@ -269,21 +269,20 @@ class AxialRope(PositionalEncoding):
         angles = coords[:, None] * inv_freq  # [G, P]
         index = positions.index_select(-1, axis)  # [..., N, P]: the coordinate of each pair
         flat = index.reshape(-1, index.shape[-1])
-        tables = (
+        cos, sin = (
             t.to(out).gather(0, flat).reshape(index.shape) for t in (angles.cos(), angles.sin())
         )
-        return tuple(tables)  # type: ignore[return-value]
+        return cos, sin
 
     def _rotate_pairs(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         """Rotate ``x [B, H, N, D]`` by ``cos``/``sin`` ``[B|., N, P]`` in the pair layout."""
         if self.pairs != "per_axis":
             return apply_rope(x, cos, sin, interleaved=self.pairs == "interleaved")
-        size, half = self.axis_dim, self.axis_dim // 2
-        parts = [
-            apply_rope(x[..., b * size : (b + 1) * size], *(t[..., b * half : (b + 1) * half]
-                       for t in (cos, sin)))
-            for b in range(self.axes)
-        ]  # fmt: skip
+        size, half, parts = self.axis_dim, self.axis_dim // 2, []
+        for block in range(self.axes):
+            pairs = slice(block * half, (block + 1) * half)
+            features = x[..., block * size : (block + 1) * size]
+            parts.append(apply_rope(features, cos[..., pairs], sin[..., pairs]))
         return torch.cat((*parts, x[..., self.rotary_dim :]), dim=-1)
 
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
