@@ -113,7 +113,7 @@ def _expand(pos: torch.Tensor) -> np.ndarray:
 @pytest.mark.parametrize("positions", ["arange", "offset", "gaps", "decode"])
 @pytest.mark.parametrize("buckets", [None, BUCKETS])
 @pytest.mark.parametrize("kinds", ["c2p|p2c", "c2p", "p2c"])
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
 def test_scores_equal_the_float64_reference(dtype, kinds, buckets, positions):
     enc = _encoding(kinds, buckets)
     q_pos, k_pos = _positions(positions)
