@@ -204,11 +204,13 @@ _DEBERTA = [
     ("deberta", {"pos_att_type": "c2p|p2c"}),
     ("deberta", {"pos_att_type": "c2p", "position_biased_input": False}),
     ("deberta", {"pos_att_type": "p2c", "max_relative_positions": -1}),
+    ("deberta", {"pos_att_type": "c2p|p2c", "max_relative_positions": 4}),  # clipped: T > 4
 ]
 #: Buckets on/off, shared keys on/off and each term in the default run; every combination
 #: under ``-m slow``.
 _V2_FAST = [
     {"pos_att_type": "c2p|p2c", "position_buckets": -1, "share_att_key": False},
+    {"pos_att_type": "c2p|p2c", "max_relative_positions": 4},  # clipped: T > 4
     {"pos_att_type": "c2p|p2c", "position_buckets": 8, "share_att_key": True},
     {"pos_att_type": "c2p", "position_buckets": 8, "share_att_key": False},
     {"pos_att_type": "p2c", "position_buckets": -1, "share_att_key": True},
@@ -230,7 +232,8 @@ _V2 = [("deberta-v2", f) for f in _V2_FAST] + [
 @pytest.mark.parametrize(("model_type", "fields"), _DEBERTA + _V2)
 def test_attention_equals_transformers_disentangled_self_attention(model_type, fields):
     """Probabilities and context of every layer of a tiny random model; buckets on/off,
-    shared keys, c2p / p2c / both, a LayerNorm on the table, an offset of 100."""
+    shared keys, c2p / p2c / both, a LayerNorm on the table, offsets clipped at a span
+    below the length, positions from 0 and from 100."""
     pytest.importorskip("transformers", reason="transformers is not installed")
     from _deberta import compare_with_transformers
 
