@@ -152,6 +152,10 @@ RECEIVES = {
         "DeepseekOcr2VisionConfig",
         (("encoder_config",),),
     ),
+    "nemotron3_diarization/Nemotron3DiarizationRotaryEmbedding": (
+        "Nemotron3DiarizationConfig",
+        (("audio_config",),),
+    ),
     "blt/BltRotaryEmbedding": (
         "BltConfig",
         (("encoder_config",), ("global_config",), ("decoder_config",), ("patcher_config",)),

@@ -105,7 +105,7 @@ qwen2_5_omni_dit qwen2_moe qwen3 qwen3_moe qwen3_next recurrent_gemma seed_oss s
 stablelm starcoder2 t5gemma2_text timesfm2_5 ultrabert unlimited_ocr_text vaultgemma xcodec2
 zaya lfm3 beam glm4_moe esmc gpt_oss emu3_text_model step3p5 voxtral_realtime_text
 qwen3_omni_moe_talker_code_predictor dia_encoder dia_decoder t5_gemma_module
-deepseek_ocr2_encoder
+deepseek_ocr2_encoder nemotron3_diarization_audio
 """
 _INTERLEAVED = """
 cohere cohere2_moe ernie4_5 ernie4_5_moe glm glm4 helium moonshine_streaming
@@ -221,7 +221,7 @@ FAMILIES: dict[str, Family] = {
 }
 
 
-#: models of several stacks, each with its own rope settings: the sub-configs to pass
+#: models whose stacks keep their own rope settings in sub-configs: the sub-configs to pass
 STACKS = {
     "dia": ("encoder_config", "decoder_config"),
     "t5gemma": ("encoder", "decoder"),
@@ -229,6 +229,7 @@ STACKS = {
     # DeepSeek-OCR2's vision tower: a SAM encoder (no RoPE), then a 1-D RoPE decoder over
     # patch and query tokens
     "deepseek_ocr2_vision": ("encoder_config",),
+    "nemotron3_diarization": ("audio_config",),  # the RoPE of its audio encoder
 }
 
 
@@ -238,12 +239,12 @@ def family(model_type: object) -> Family:
     Raises:
         ValueError: a ``model_type`` the table does not know (or none), naming it and
             saying how to build the rotation explicitly; the whole config of a model of
-            several stacks (``STACKS``), naming the sub-configs to pass instead.
+            stacks with their own rope settings (``STACKS``), naming the sub-configs to pass.
     """
     if isinstance(model_type, str) and model_type in STACKS:
         parts = ", ".join(f"config.{name}" for name in STACKS[model_type])
         raise ValueError(
-            f"model_type {model_type!r} has several stacks with their own rope settings; "
+            f"model_type {model_type!r} keeps its rope settings in the config of each stack; "
             f"pass one of them: {parts}"
         )
     found = FAMILIES.get(model_type) if isinstance(model_type, str) else None
