@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from posenc.bench.timing import Group, measure
 from posenc.lab.config import DEFAULT_ENCODINGS, LabConfig
 from posenc.lab.model import TinyLM
+from posenc.lab.train import adamw
 from posenc.lab.variants import build_encoding
 
 __all__ = ["lab_groups"]
@@ -35,7 +36,7 @@ def _model(name: str, config: LabConfig) -> TinyLM:
 
 def _train_step(name: str, config: LabConfig, batch: int) -> Callable[[], object]:
     model = _model(name, config)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
+    optimizer = adamw(model, lr=config.lr, weight_decay=config.weight_decay)  # the lab's
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, 256, (batch, config.train_len + 1), generator=gen)
 
