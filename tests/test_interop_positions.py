@@ -53,13 +53,23 @@ _VISION = "positions of image patches or audio frames, not text"
 #: family -> why posenc does not build its positions.
 UNSUPPORTED = {
     **dict.fromkeys(("eomt", "videomt", "imagegpt"), _VISION),
-    **dict.fromkeys(("data2vec", "qwen2_audio", "voxtral", "audioflamingo3"), _VISION),
+    **dict.fromkeys(("qwen2_audio", "voxtral", "audioflamingo3"), _VISION),
     **dict.fromkeys(("moss_transcribe_diarize", "autoformer", "informer"), _VISION),
     **dict.fromkeys(("time_series_transformer", "pp_doclayout_v2"), _VISION),
     "evolla": "protein-sequence positions of its SaProt encoder (rotary unless "
     "position_embedding_type='absolute'); its language model is rotary (from_hf_config)",
     "decision_transformer": "timestep embeddings, not token positions",
 }
+#: families whose positions are not text positions (what the coverage leaves out)
+WITHOUT_TEXT = frozenset(
+    f for f, why in UNSUPPORTED.items() if why == _VISION or f in ("evolla", "decision_transformer")
+)
+#: families whose folder holds several models: the model_type of the one with text positions
+TEXT_MODEL_TYPE = {"pp_formulanet": "pp_formulanet_text", "data2vec": "data2vec-text"}
+
+
+def _text_model_type(family: str) -> str:
+    return TEXT_MODEL_TYPE.get(family) or walk.model_type_of(family)
 
 
 #: Families compared by ``test_deberta_attention_and_table_equal_the_familys_own`` below.
@@ -314,7 +324,7 @@ CLASS_CASES += [(f, "sinusoidal_class") for f in _cases("sinusoidal_class") if f
 @pytest.mark.parametrize(("family", "group"), CLASS_CASES, ids=["-".join(c) for c in CLASS_CASES])
 def test_position_module_classes_equal_posenc(family, group):
     torch.manual_seed(0)
-    mt = {"pp_formulanet": "pp_formulanet_text"}.get(family, walk.model_type_of(family))
+    mt = _text_model_type(family)
     learned = group == "learned_class"
     suffix = "LearnedPositionalEmbedding" if learned else "SinusoidalPositionalEmbedding"
     theirs_module = _construct(walk.classes(family, suffix)[0])
@@ -375,7 +385,7 @@ def _table(model, width: int) -> torch.nn.Embedding:
 @pytest.mark.parametrize("family", [f for f in _cases("table") if f not in _HF_TOWERS])
 def test_family_models_read_their_table_at_posencs_positions(family):
     torch.manual_seed(0)
-    mt = walk.model_type_of(family)
+    mt = _text_model_type(family)
     assert mt in ABSOLUTE_FAMILIES, f"{family}: add {mt!r} to ABSOLUTE_FAMILIES or UNSUPPORTED"
     spec = ABSOLUTE_FAMILIES[mt]
     cfg = walk.tiny_config(mt, **TINY_OVERRIDES.get(family, {}))

@@ -1,0 +1,55 @@
+"""Coverage of the families of the installed transformers that have text positions.
+
+A family (a ``transformers.models`` sub-package) has text positions when one of its rotary
+embeddings is not tagged ``WITHOUT_TEXT`` in ``test_hf_families`` or when the non-rotary
+walk of ``test_interop_positions`` finds it and does not tag it ``WITHOUT_TEXT`` (image
+patches, audio frames, time steps, protein residues). It is matched when every such rotary
+embedding and its non-rotary positions are compared with the family's own code there
+(none of them ``UNSUPPORTED``). ``README.md`` states the count; the test keeps it true.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers", reason="the coverage walks the installed transformers")
+
+import transformers
+
+import _hf_position_walk as position_walk
+import test_hf_families as rotary
+import test_interop_positions as positions
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def text_families() -> dict[str, bool]:
+    """``{family: matched}`` over the families with text positions."""
+    found: dict[str, bool] = {}
+    for case in rotary.CASES:
+        if case not in rotary.WITHOUT_TEXT:
+            family = case.split("/", 1)[0]
+            found[family] = found.get(family, True) and case not in rotary.UNSUPPORTED
+    for family in position_walk.families():
+        if family not in positions.WITHOUT_TEXT:
+            found[family] = found.get(family, True) and family not in positions.UNSUPPORTED
+    return found
+
+
+def test_readme_states_the_text_family_coverage():
+    found = text_families()
+    matched, total = sum(found.values()), len(found)
+    assert matched >= 0.95 * total, sorted(f for f, ok in found.items() if not ok)
+    pattern = (
+        r"(\d+)\s+of\s+the\s+(\d+)\s+model\s+families\s+with\s+text\s+positions\s+in\s+"
+        r"transformers\s+(\S+)"
+    )
+    stated = re.search(pattern, README.read_text(encoding="utf-8"))
+    assert stated, "README's interop section must state the text-family coverage"
+    said = (int(stated[1]), int(stated[2]), stated[3].rstrip(".,;)*"))
+    assert said == (matched, total, transformers.__version__), (
+        f"README says {said}; this run measures {(matched, total, transformers.__version__)}"
+    )
