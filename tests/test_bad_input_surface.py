@@ -69,6 +69,7 @@ ARGUMENTS: dict[str, object] = {
     "base": 10000.0,
     "scaling": None,
     "seq_len": T,
+    "span": 4,
     "config": {
         "model_type": "llama",
         "hidden_size": C,

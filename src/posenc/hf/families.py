@@ -36,6 +36,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from posenc._checks import check_bool
+
 __all__ = ["FAMILIES", "LAYOUTS", "Family", "check_position_fields", "family"]
 
 LAYOUTS = ("half", "interleaved", "rope_interleave")
@@ -56,6 +58,7 @@ class Family:
     clockwise: bool = False
 
     def __post_init__(self) -> None:
+        check_bool("clockwise", self.clockwise)
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
 
