@@ -101,6 +101,7 @@ def test_a_task_not_learned_by_the_cap_is_reported_not_learned(capped):
     assert steps == list(range(60, 241, 15))  # from --steps, every steps // ROUNDS
     report = (out / "report.md").read_text()
     assert "rope (seed 0) not learned by 240" in report
+    assert "60 steps or more (until learned) of 32 windows" in report
     assert "not learned at the training length in 240 steps" in report
     assert "| rope (seed 0) | not learned | not learned |" in report
     assert not list(out.rglob("*.round.pt"))  # the round state goes when the run ends
@@ -176,7 +177,8 @@ def test_text_trains_for_exactly_its_steps(tmp_path):
     run = run_of(tmp_path)
     assert run["train"]["steps"] == 7 and run["train"]["curve"][-1][0] == 7
     assert "steps_to_learn" not in run and "checks" not in run["train"]
-    assert "Trained until learned" not in (tmp_path / "report.md").read_text()
+    report = (tmp_path / "report.md").read_text()
+    assert "Trained until learned" not in report and "7 steps of 16 windows" in report
 
 
 @pytest.mark.parametrize(

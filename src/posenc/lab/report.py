@@ -158,6 +158,7 @@ def markdown(results: dict) -> str:
     config, data = results["config"], results["data"]
     lens = config["eval_lens"]
     seeds = ", ".join(str(s) for s in results["seeds"])
+    more = "" if config["task"] == "lm" else " or more (until learned)"
     lines = ["# posenc lab", ""]
     if results.get("quick"):
         lines += [f"**This is a {SMOKE}.**", ""]
@@ -165,7 +166,7 @@ def markdown(results: dict) -> str:
         f"Task: {'text' if config['task'] == 'lm' else config['task']}. "
         f"Metric: {_METRIC_TITLE[results['metric']]}.",
         f"Each model: {config['num_layers']} layers, d_model {config['d_model']}, "
-        f"{config['num_heads']} heads, {config['steps']} steps of {config['batch_size']} "
+        f"{config['num_heads']} heads, {config['steps']} steps{more} of {config['batch_size']} "
         f"windows of {config['train_len']} tokens; seeds {seeds}.",
     ]
     learning = steps_to_learn(results)
