@@ -72,8 +72,10 @@ def main() -> None:
     parser.add_argument("--json", metavar="PATH", help="also write every timing here")
     args = parser.parse_args()
     print(f"load average {' '.join(f'{v:.1f}' for v in os.getloadavg())}, 1 torch thread")
-    print(f"{'encoding':<20} {'position':>9} {'median ms':>10} {'max ms':>8} {'x 2^10':>7} "
-          f"{'peak +MiB':>9}")
+    print(
+        f"{'encoding':<20} {'position':>9} {'median ms':>10} {'max ms':>8} {'x 2^10':>7} "
+        f"{'peak +MiB':>9}"
+    )
     results = []
     for kind in KINDS:
         base = None
@@ -82,9 +84,11 @@ def main() -> None:
             median = statistics.median(r["times_s"]) * 1e3
             base = base or median
             results.append({"kind": kind, "position": position, **r})
-            print(f"{kind:<20} {position:>9} "
-                  f"{median:>10.3f} {max(r['times_s']) * 1e3:>8.3f} {median / base:>7.2f} "
-                  f"{r['peak_rss_growth_kib'] / 1024:>9.1f}")
+            print(
+                f"{kind:<20} {position:>9} "
+                f"{median:>10.3f} {max(r['times_s']) * 1e3:>8.3f} {median / base:>7.2f} "
+                f"{r['peak_rss_growth_kib'] / 1024:>9.1f}"
+            )
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"load_average": os.getloadavg(), "results": results}, f, indent=1)
