@@ -4,7 +4,10 @@
 Shapes: ``B`` windows, ``T`` length; the default sweep trains on ``[48, 64]`` and scores
 up to ``T = 1024``. NoPE (no position work at all) is the floor: each encoding's
 multiple of it is what its position code costs in a whole model step (forward, backward,
-AdamW). ``Group.info["tokens_per_second"]`` gives the throughput per case.
+AdamW). ``Group.info["tokens_per_second"]`` gives the throughput per case. The
+evaluation forward runs in float32 and, as ``<name> bf16``, under the bfloat16 autocast
+of the lab's default evaluation on hardware with bfloat16 arithmetic
+(``posenc.lab.evaluate``), so the two compare in one run.
 """
 
 from __future__ import annotations
@@ -50,12 +53,15 @@ def _train_step(name: str, config: LabConfig, batch: int) -> Callable[[], object
     return step
 
 
-def _eval_forward(name: str, config: LabConfig, batch: int, length: int) -> Callable[[], object]:
+def _eval_forward(
+    name: str, config: LabConfig, batch: int, length: int, dtype: torch.dtype
+) -> Callable[[], object]:
     model = _model(name, config).eval()
     tokens = torch.randint(0, 256, (batch, length), generator=torch.Generator().manual_seed(0))
+    fast = dtype != torch.float32
 
     def forward() -> None:
-        with torch.inference_mode():
+        with torch.inference_mode(), torch.autocast("cpu", dtype=dtype, enabled=fast):
             model(tokens)
 
     return forward
@@ -76,7 +82,10 @@ def lab_groups(*, quick: bool, repeats: int, warmup: int) -> list[Group]:
     title = f"lab training step [{batch}, {config.train_len}], d_model {config.d_model}"
     groups = [_group(title, train, batch * config.train_len, repeats=repeats, warmup=warmup)]
     windows = 8 if quick else max(1, 16384 // length)
-    forward = {n: _eval_forward(n, config, windows, length) for n in DEFAULT_ENCODINGS}
-    title = f"lab evaluation forward [{windows}, {length}]"
+    forward = {}
+    for name in DEFAULT_ENCODINGS:
+        forward[name] = _eval_forward(name, config, windows, length, torch.float32)
+        forward[f"{name} bf16"] = _eval_forward(name, config, windows, length, torch.bfloat16)
+    title = f"lab evaluation forward [{windows}, {length}], float32 and bfloat16 autocast"
     groups.append(_group(title, forward, windows * length, repeats=repeats, warmup=warmup))
     return groups

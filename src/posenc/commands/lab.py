@@ -37,7 +37,13 @@ def _names(values: list[object]) -> tuple[str, ...]:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from posenc.lab.config import DEFAULT_ENCODINGS, LEARNED, LabConfig, quick_defaults
+    from posenc.lab.config import (
+        DEFAULT_ENCODINGS,
+        LEARNED,
+        PRECISIONS,
+        LabConfig,
+        quick_defaults,
+    )
 
     p = sub.add_parser(
         "lab",
@@ -107,6 +113,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         type=int,
         metavar="N",
         help="also score sliding windows that advance N tokens (default: off)",
+    )
+    p.add_argument(
+        "--eval-precision",
+        choices=PRECISIONS,
+        help="matrix products of evaluation: 'auto' (default: bfloat16 where the hardware "
+        "has it, with float32 accumulation and logits), 'float32' or 'bfloat16'",
     )
     p.add_argument(
         "--finetune-len",
@@ -194,7 +206,7 @@ def config_from_args(args: argparse.Namespace):
         values.update(quick_defaults(task))
     keys = ("corpus", "train_len", "steps", "max_steps", "batch_size", "lr", "warmup", "d_model",
             "num_layers", "num_heads", "eval_tokens", "eval_examples", "eval_stride",
-            "finetune_steps", "finetune_len", "learned_beyond", "dynamic_factor",
+            "eval_precision", "finetune_steps", "finetune_len", "learned_beyond", "dynamic_factor",
             "t5_max_distance")  # fmt: skip
     values.update({key: getattr(args, key) for key in keys if getattr(args, key) is not None})
     if args.encodings:

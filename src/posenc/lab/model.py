@@ -16,6 +16,11 @@ one SDPA call, the bias (if any) materialized, since the chunked path recomputes
 block in the backward pass; without gradients (evaluation up to 1024 tokens) the chunked
 path, whose query blocks skip the keys a causal mask hides and beat SDPA's fused causal
 CPU kernel at long lengths (``posenc bench --only lab`` times both passes).
+
+Under ``torch.autocast`` (the lab's bfloat16 evaluation, ``posenc.lab.evaluate``) the
+blocks' matrix products run in bfloat16 while the final LayerNorm and the output
+projection stay float32, so the logits that perplexity and argmax read are not rounded
+to bfloat16's 8 significant bits.
 """
 
 from __future__ import annotations
@@ -101,7 +106,8 @@ class TinyLM(nn.Module):
             x = self.encoding.embed(x, positions)
         for block in self.blocks:
             x = block(x, positions)
-        return self.head(self.ln_out(x))  # [B, T, V]
+        with torch.autocast(tokens.device.type, enabled=False):  # float32 logits
+            return self.head(self.ln_out(x))  # [B, T, V] (x: the float32 residual stream)
 
     def with_encoding(self, encoding: PositionalEncoding) -> TinyLM:
         """A copy of this model (same weights) that uses ``encoding`` instead.

@@ -131,7 +131,7 @@ class Runner:
             "encoding": name,
             "seed": seed,
             "identity": self.identity,
-            "environment": run_environment(context),
+            "environment": run_environment(context, self.work.eval_dtype),
         }
         start = time.perf_counter(), time.process_time()
         torch.manual_seed(seed)

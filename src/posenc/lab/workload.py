@@ -18,7 +18,7 @@ from torch import nn
 from posenc.lab.config import LabConfig
 from posenc.lab.corpus import load_corpus
 from posenc.lab.distributed import Context
-from posenc.lab.evaluate import accuracy, perplexity, segment_count
+from posenc.lab.evaluate import accuracy, eval_dtype, perplexity, segment_count
 from posenc.lab.tasks import Task
 from posenc.lab.train import TaskStream, TextWindows
 
@@ -37,6 +37,7 @@ class Workload:
     sha256: str | None
     sampler: Callable[[int, int], Sampler]  # (length, seed) -> global batches
     evaluate: Callable[[nn.Module, int, int], dict[str, object]]  # (model, length, seed)
+    eval_dtype: torch.dtype  # of evaluation's matrix products (``LabConfig.eval_precision``)
 
 
 def make_workload(config: LabConfig, context: Context) -> Workload:
@@ -48,6 +49,7 @@ def make_workload(config: LabConfig, context: Context) -> Workload:
             window of the longest evaluation length.
     """
     longest = max(config.eval_lens)
+    dtype = eval_dtype(config.eval_precision, context.device)
     if config.task != "lm":
         task = Task(config.task, longest)
         return Workload(
@@ -57,11 +59,18 @@ def make_workload(config: LabConfig, context: Context) -> Workload:
             sha256=None,
             sampler=lambda length, seed: TaskStream(task, length, seed),
             evaluate=lambda model, length, seed: accuracy(
-                model, task, length, examples=config.eval_examples, seed=seed, context=context
+                model,
+                task,
+                length,
+                examples=config.eval_examples,
+                seed=seed,
+                context=context,
+                dtype=dtype,
             ),
+            eval_dtype=dtype,
         )
     corpus = load_corpus(config.corpus)
-    _text_score = _text_scores(config, context)
+    _text_score = _text_scores(config, context, dtype)
     reserve = 0 if config.eval_stride is None else longest  # context before sliding windows
     if segment_count(corpus.heldout.numel() - reserve, longest, config.eval_tokens) == 0:
         raise ValueError(
@@ -80,10 +89,13 @@ def make_workload(config: LabConfig, context: Context) -> Workload:
         sha256=corpus.sha256,
         sampler=lambda length, seed: TextWindows(corpus.train, length, seed),
         evaluate=lambda model, length, seed: _text_score(model, corpus.heldout, length),
+        eval_dtype=dtype,
     )
 
 
-def _text_scores(config: LabConfig, context: Context) -> Callable[..., dict[str, object]]:
+def _text_scores(
+    config: LabConfig, context: Context, dtype: torch.dtype
+) -> Callable[..., dict[str, object]]:
     """Scores at one length: perplexity (with the loss by position at the longest
     length) and, with ``eval_stride``, sliding-window perplexity under ``"sliding"``."""
     longest = max(config.eval_lens)
@@ -97,6 +109,7 @@ def _text_scores(config: LabConfig, context: Context) -> Callable[..., dict[str,
                 longest=longest,
                 max_tokens=config.eval_tokens,
                 context=context,
+                dtype=dtype,
                 **options,
             )
 
