@@ -94,12 +94,20 @@ class MultiHeadAttention(nn.Module):
             VALUE ones), ``"sdpa"``, ``"eager"`` or ``"chunked"``; see
             ``posenc.attention_backends``.
         block_size: queries per block of the chunked path.
+        attention_dtype: a floating dtype in which the attention core runs: queries,
+            keys and values are cast to it right after their projections, and the
+            rotation, bias, softmax and weighted sum run in it with autocast off (the
+            output is cast back to ``x``'s dtype). Under a CPU bfloat16 autocast, float32
+            keeps the products of the projections in bfloat16 while avoiding SDPA's
+            bfloat16 CPU backward, several times slower than float32's at small head
+            sizes (``posenc.lab`` trains this way). None: the projections' output dtype.
 
     Raises:
         ValueError: ``d_model`` not divisible by ``num_heads``, ``num_heads`` not divisible
             by ``num_kv_heads``, an unknown backend, ``backend="sdpa"`` with a VALUE-site
             encoding, or a causal-only encoding with ``causal=False``.
-        TypeError: ``position`` neither None, a name nor a ``PositionalEncoding``.
+        TypeError: ``position`` neither None, a name nor a ``PositionalEncoding``, or an
+            ``attention_dtype`` that is not a floating ``torch.dtype``.
     """
 
     def __init__(
@@ -114,8 +122,16 @@ class MultiHeadAttention(nn.Module):
         bias: bool = False,
         backend: str = "auto",
         block_size: int = DEFAULT_BLOCK_SIZE,
+        attention_dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
+        if attention_dtype is not None and not (
+            isinstance(attention_dtype, torch.dtype) and attention_dtype.is_floating_point
+        ):
+            raise TypeError(
+                f"attention_dtype must be a floating torch.dtype or None, got {attention_dtype!r}"
+            )
+        self.attention_dtype = attention_dtype
         self.d_model = check_int("d_model", d_model)
         self.num_heads = check_int("num_heads", num_heads)
         if d_model % num_heads:
@@ -229,8 +245,32 @@ class MultiHeadAttention(nn.Module):
         q = self.q_proj(x).view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        where = (q_pos, rotary_pos, cache, key_padding_mask, segment_ids, aligned)
+        if self.attention_dtype is None:
+            out = self._core(q, k, v, *where)
+        else:
+            with torch.autocast(x.device.type, enabled=False):
+                q, k, v = (t.to(self.attention_dtype) for t in (q, k, v))
+                out = self._core(q, k, v, *where).to(x.dtype)
+        return self.out_proj(out.transpose(1, 2).reshape(batch, length, self.d_model))
+
+    def _core(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        q_pos: Tensor,
+        rotary_pos: Tensor | None,
+        cache: KVCache | None,
+        key_padding_mask: Tensor | None,
+        segment_ids: Tensor | None,
+        aligned: bool,
+    ) -> Tensor:
+        """Rotation, cache and attention of ``q [B, H, T, D]``, ``k, v [B, Hkv, T, D]``:
+        ``[B, H, T, D]``."""
+        batch = q.shape[0]
         if self.position.sites & Site.QK:
-            r_pos = q_pos if rotary_pos is None else rotary_pos.to(x.device)
+            r_pos = q_pos if rotary_pos is None else rotary_pos.to(q.device)
             if cache is None:
                 q, k = self.position.rotate(q, k, r_pos, r_pos)  # [B, H, T, D], [B, Hkv, T, D]
             else:  # one frequency snapshot for the cached keys and the new q, k
@@ -244,7 +284,7 @@ class MultiHeadAttention(nn.Module):
         if k_pos.dim() != q_pos.dim():  # one of them per sequence: both [B, *]
             q_pos, k_pos = (p if p.dim() == 2 else p.expand(batch, -1) for p in (q_pos, k_pos))
         masking = Masking(self.causal, q_pos, k_pos, k_mask, segment_ids, k_seg, aligned=aligned)
-        out = attend(
+        return attend(
             q,
             repeat_kv(k, self.num_heads),
             repeat_kv(v, self.num_heads),
@@ -254,11 +294,11 @@ class MultiHeadAttention(nn.Module):
             block_size=self.block_size,
             dropout_p=self.dropout if self.training else 0.0,
         )  # [B, H, T, D]
-        return self.out_proj(out.transpose(1, 2).reshape(batch, length, self.d_model))
 
     def extra_repr(self) -> str:
         return (
             f"d_model={self.d_model}, num_heads={self.num_heads}, "
             f"num_kv_heads={self.num_kv_heads}, causal={self.causal}, "
             f"backend={self.backend!r}, block_size={self.block_size}, dropout={self.dropout}"
+            + ("" if self.attention_dtype is None else f", attention_dtype={self.attention_dtype}")
         )

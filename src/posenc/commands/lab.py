@@ -37,13 +37,8 @@ def _names(values: list[object]) -> tuple[str, ...]:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from posenc.lab.config import (
-        DEFAULT_ENCODINGS,
-        LEARNED,
-        PRECISIONS,
-        LabConfig,
-        quick_defaults,
-    )
+    from posenc.lab.config import DEFAULT_ENCODINGS, LEARNED, LabConfig, quick_defaults
+    from posenc.lab.precision import PRECISIONS
 
     p = sub.add_parser(
         "lab",
@@ -115,10 +110,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="also score sliding windows that advance N tokens (default: off)",
     )
     p.add_argument(
-        "--eval-precision",
+        "--precision",
         choices=PRECISIONS,
-        help="matrix products of evaluation: 'auto' (default: bfloat16 where the hardware "
-        "has it, with float32 accumulation and logits), 'float32' or 'bfloat16'",
+        help="'auto' (default: bfloat16 mixed precision where the hardware has bfloat16 "
+        "arithmetic, else float32), 'float32' or 'bfloat16'",
     )
     p.add_argument(
         "--finetune-len",
@@ -206,7 +201,7 @@ def config_from_args(args: argparse.Namespace):
         values.update(quick_defaults(task))
     keys = ("corpus", "train_len", "steps", "max_steps", "batch_size", "lr", "warmup", "d_model",
             "num_layers", "num_heads", "eval_tokens", "eval_examples", "eval_stride",
-            "eval_precision", "finetune_steps", "finetune_len", "learned_beyond", "dynamic_factor",
+            "precision", "finetune_steps", "finetune_len", "learned_beyond", "dynamic_factor",
             "t5_max_distance")  # fmt: skip
     values.update({key: getattr(args, key) for key in keys if getattr(args, key) is not None})
     if args.encodings:

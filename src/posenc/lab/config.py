@@ -22,10 +22,9 @@ The baselines are configured as their papers and Hugging Face transformers defin
 * learned tables start at the token embeddings' scale (``posenc.lab.model``) and the
   interpolating learned row is part of the default sweep.
 
-Training is float32. Evaluation's matrix products run in ``eval_precision``: ``"auto"``
-(the default) picks bfloat16 where the hardware multiplies it natively
-(``posenc.lab.evaluate.eval_dtype``), with float32 accumulation, float32 layer norms,
-float32 logits and float32 sums of the loss; ``"float32"`` evaluates exactly as trained.
+The arithmetic is ``precision``: ``"auto"`` (the default) is bfloat16 mixed precision
+where the hardware has bfloat16 arithmetic and float32 elsewhere (``posenc.lab.precision``
+says what runs in which dtype).
 """
 
 from __future__ import annotations
@@ -37,12 +36,12 @@ from dataclasses import dataclass, field
 
 from posenc._checks import check_float, check_int, check_probability
 from posenc.base import available, info
+from posenc.lab.precision import PRECISIONS
 
 __all__ = [
     "DEFAULT_ENCODINGS",
     "DEFAULT_SEEDS",
     "LEARNED",
-    "PRECISIONS",
     "QUICK_ENCODINGS",
     "SCALINGS",
     "TASKS",
@@ -62,8 +61,6 @@ SCALINGS = ("linear", "ntk", "dynamic", "yarn")
 #: ``lm`` is next-byte prediction on text; the others are synthetic (see ``posenc.lab.tasks``).
 TASKS = ("lm", "copy", "reverse", "recall", "passkey")
 _BEYOND = ("error", "interpolate")
-#: ``eval_precision`` values (see the module docstring).
-PRECISIONS = ("auto", "float32", "bfloat16")
 #: In-distribution exact match a synthetic task needs to count as learned.
 LEARNED = 0.9
 
@@ -92,8 +89,8 @@ class LabConfig:
         eval_examples: examples scored per evaluation length (synthetic tasks).
         eval_stride: sliding-window evaluation as well: each window of ``L`` scores only
             its last ``eval_stride`` tokens (``None``: non-overlapping windows only).
-        eval_precision: the matrix products of evaluation: ``"auto"``, ``"float32"`` or
-            ``"bfloat16"`` (see the module docstring).
+        precision: ``"auto"``, ``"float32"`` or ``"bfloat16"`` (mixed precision; see
+            ``posenc.lab.precision``).
         finetune_steps: steps of the rotary fine-tune at ``finetune_len`` (0: none).
         finetune_len: length of that fine-tune (``None``: ``4 * train_len``).
         finetune_scalings: scalings fine-tuned at the fixed factor ``finetune_len /
@@ -123,7 +120,7 @@ class LabConfig:
     eval_tokens: int = 163840
     eval_examples: int = 256
     eval_stride: int | None = None
-    eval_precision: str = "auto"
+    precision: str = "auto"
     finetune_steps: int = 100
     finetune_len: int | None = None
     finetune_scalings: tuple[str, ...] = ("linear",)
@@ -137,10 +134,9 @@ class LabConfig:
     def __post_init__(self) -> None:
         if self.task not in TASKS:
             raise ValueError(f"unknown task {self.task!r}; known tasks: {', '.join(TASKS)}")
-        if self.eval_precision not in PRECISIONS:
+        if self.precision not in PRECISIONS:
             raise ValueError(
-                f"eval_precision must be one of {', '.join(PRECISIONS)}, "
-                f"got {self.eval_precision!r}"
+                f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}"
             )
         if self.learned_beyond not in _BEYOND:
             raise ValueError(

@@ -14,13 +14,11 @@ scores only its last ``stride`` bytes, the rest being context, so every scored b
 the first few sees ``T - stride`` or more bytes before it. ``by_position`` also returns
 the loss by position inside the window (Kazemnejad et al. 2023 plot the same), in bins.
 
-With ``dtype=torch.bfloat16`` the model runs under ``torch.autocast``: its matrix products
-take bfloat16 inputs and accumulate in float32 (about twice the float32 speed on a CPU
-with AVX-512 BF16), layer norms and the logits stay float32 (``posenc.lab.model``), and
-losses are summed in float64 as always. On the default sweep's trained models this moves
-the mean loss by at most about 1e-3 nats (0.1 % of perplexity; tests bound it by the
-bfloat16 epsilon), far inside the spread over seeds; ``eval_dtype`` picks it only where
-the hardware has bfloat16 arithmetic.
+With ``dtype=torch.bfloat16`` the model runs under the lab's bfloat16 autocast
+(``posenc.lab.precision``): the logits are float32 and the losses are summed in float64
+as always. On the default sweep's models trained in float32 this moves the mean loss by
+at most about 1e-3 nats (0.1 % of perplexity), far inside the spread over seeds; tests
+bound it by the bfloat16 epsilon.
 """
 
 from __future__ import annotations
@@ -32,49 +30,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posenc.lab.distributed import Context
+from posenc.lab.precision import autocast
 from posenc.lab.tasks import DEPTHS, IGNORE, Task
 
-__all__ = [
-    "POSITION_BINS",
-    "accuracy",
-    "eval_dtype",
-    "perplexity",
-    "segment_count",
-    "window_starts",
-]
+__all__ = ["POSITION_BINS", "accuracy", "perplexity", "segment_count", "window_starts"]
 
 #: Tokens per forward pass during evaluation (bounds memory at long lengths).
 _BATCH_TOKENS = 16384
 #: Bins of the loss-by-position curve.
 POSITION_BINS = 64
-
-
-def eval_dtype(precision: str, device: torch.device) -> torch.dtype:
-    """The dtype of evaluation's matrix products for ``LabConfig.eval_precision``.
-
-    ``"auto"`` is bfloat16 on a CPU with AVX-512 BF16 or AMX instructions and on a CUDA
-    GPU with bfloat16 support, float32 elsewhere (emulated bfloat16 is slower than float32).
-
-    Raises:
-        ValueError: an unknown ``precision``.
-    """
-    if precision == "float32":
-        return torch.float32
-    if precision == "bfloat16":
-        return torch.bfloat16
-    if precision != "auto":
-        raise ValueError(f"eval_precision must be auto, float32 or bfloat16, got {precision!r}")
-    if device.type == "cuda":
-        native = torch.cuda.is_bf16_supported()
-    else:
-        cpu = torch.cpu
-        checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-        native = device.type == "cpu" and any(getattr(cpu, c, lambda: False)() for c in checks)
-    return torch.bfloat16 if native else torch.float32
-
-
-def _autocast(dtype: torch.dtype, device: torch.device) -> torch.autocast:
-    return torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
 
 
 def segment_count(num_bytes: int, longest: int, max_tokens: int) -> int:
@@ -133,7 +97,7 @@ def perplexity(
         by_position: also return ``"position_loss"``, the mean loss of the window's
             positions in ``POSITION_BINS`` equal bins (fewer when ``length`` is smaller),
             from the scored positions.
-        dtype: float32, or bfloat16 for the matrix products (see the module docstring).
+        dtype: the matrix products' dtype (``posenc.lab.precision``).
 
     Returns:
         ``{"loss": nats per byte, "ppl": exp(loss), "tokens": bytes scored}``, with
@@ -152,7 +116,7 @@ def perplexity(
     nll = torch.zeros(scored, dtype=torch.float64)  # summed over windows, per position
     for chunk in mine.split(per_batch):
         window = data[chunk[:, None] + offsets].long().to(context.device)  # [B, T+1]
-        with _autocast(dtype, context.device):
+        with autocast(dtype, context.device):
             logits = model(window[:, :-1])[:, length - scored :]  # [B, S, V]
         targets = window[:, 1 + length - scored :]  # [B, S]
         loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="none")
@@ -196,7 +160,7 @@ def accuracy(
     for x, y, g in zip(*(t.split(per_batch) for t in (inputs, targets, group)), strict=True):
         x, y = x.to(context.device), y.to(context.device)
         scored = y != IGNORE
-        with _autocast(dtype, context.device):
+        with autocast(dtype, context.device):
             logits = model(x)  # [B, T, V] float32
         right = (logits.argmax(-1) == y) & scored  # [B, T]
         solved = (right.sum(-1) == scored.sum(-1)).cpu()  # [B]

@@ -17,10 +17,11 @@ block in the backward pass; without gradients (evaluation up to 1024 tokens) the
 path, whose query blocks skip the keys a causal mask hides and beat SDPA's fused causal
 CPU kernel at long lengths (``posenc bench --only lab`` times both passes).
 
-Under ``torch.autocast`` (the lab's bfloat16 evaluation, ``posenc.lab.evaluate``) the
-blocks' matrix products run in bfloat16 while the final LayerNorm and the output
-projection stay float32, so the logits that perplexity and argmax read are not rounded
-to bfloat16's 8 significant bits.
+Under ``torch.autocast`` (the lab's bfloat16 mixed precision, ``posenc.lab.precision``)
+the blocks' projections and MLP multiply in bfloat16, while the attention core
+(``attention_dtype=torch.float32``), the final LayerNorm and the output projection stay
+float32, so the logits that the loss, perplexity and argmax read are not rounded to
+bfloat16's 8 significant bits.
 """
 
 from __future__ import annotations
@@ -50,7 +51,9 @@ class _Block(nn.Module):
     def __init__(self, d_model: int, num_heads: int, encoding: PositionalEncoding) -> None:
         super().__init__()
         self.ln_attn = nn.LayerNorm(d_model)
-        self.attn = MultiHeadAttention(d_model, num_heads, position=encoding, causal=True)
+        self.attn = MultiHeadAttention(
+            d_model, num_heads, position=encoding, causal=True, attention_dtype=torch.float32
+        )
         self.ln_mlp = nn.LayerNorm(d_model)
         self.mlp = nn.Sequential(
             nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model)

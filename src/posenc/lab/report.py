@@ -80,6 +80,22 @@ def steps_to_learn(results: dict) -> str | None:
     )
 
 
+def _precision(results: dict) -> str | None:
+    """The arithmetic of the runs (``posenc.lab.precision``), when every run used the
+    same (the notes say where they differ)."""
+    dtypes = {run.get("environment", {}).get("precision") for run in results["runs"]}
+    if len(dtypes) != 1 or None in dtypes:
+        return None
+    if dtypes == {"float32"}:
+        return "Precision: float32 throughout."
+    return (
+        f"Precision: {dtypes.pop()} mixed precision: the blocks' projections and MLPs "
+        "multiply in bfloat16 with float32 accumulation; weights, optimizer state, layer "
+        "norms, the attention core, logits and losses are float32 (`--precision float32` "
+        "for float32 throughout)."
+    )
+
+
 def _title(results: dict) -> str:
     config = results["config"]
     seeds = len(results["seeds"])
@@ -169,6 +185,9 @@ def markdown(results: dict) -> str:
         f"{config['num_heads']} heads, {config['steps']} steps{more} of {config['batch_size']} "
         f"windows of {config['train_len']} tokens; seeds {seeds}.",
     ]
+    precision = _precision(results)
+    if precision is not None:
+        lines.append(precision)
     learning = steps_to_learn(results)
     if learning is not None:
         lines.append(learning)

@@ -166,13 +166,13 @@ def _weights_load(path: Path) -> bool:
     return True
 
 
-def run_environment(context, eval_dtype: torch.dtype) -> dict[str, object]:
+def run_environment(context, dtype: torch.dtype) -> dict[str, object]:
     """What one run's numbers depend on besides its configuration: threads, device,
-    the dtype of evaluation's matrix products, process count and library versions."""
+    the resolved precision (``posenc.lab.precision``), process count and library versions."""
     return {
         "torch_threads": torch.get_num_threads(),
         "device": str(context.device),
-        "eval_dtype": str(eval_dtype).removeprefix("torch."),
+        "precision": str(dtype).removeprefix("torch."),
         "processes": context.world,
         "torch": torch.__version__,
         "posenc": posenc.__version__,

@@ -41,7 +41,7 @@ from posenc.lab.workload import make_workload
 
 __all__ = ["run_lab"]
 
-_ENV_KEYS = ("torch_threads", "device", "eval_dtype", "torch", "processes")
+_ENV_KEYS = ("torch_threads", "device", "precision", "torch", "processes")
 
 
 def _progress(console: Console, enabled: bool) -> Progress:
@@ -60,8 +60,7 @@ def merged(
     config: LabConfig, work, context: Context, runs: dict, status: str, identity: str
 ) -> dict:
     """The sweep's results: the requested runs in (encoding, seed) order, with notes on
-    runs whose environment differs (threads, device, evaluation dtype, torch version,
-    processes)."""
+    runs whose environment differs (threads, device, precision, torch version, processes)."""
     keys = [(n, s) for n in config.encodings for s in config.seeds if (n, s) in runs]
     chosen = [runs[key] for key in keys]
     notes = []

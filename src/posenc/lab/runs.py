@@ -76,6 +76,7 @@ class Runner:
             batch_size=max(self.context.world, batch - batch % self.context.world),
             weight_decay=config.weight_decay,
             context=self.context,
+            dtype=self.work.dtype,
             on_step=lambda step, loss: self.progress.update(task, completed=step, loss=loss),
             **opts,
         )
@@ -131,7 +132,7 @@ class Runner:
             "encoding": name,
             "seed": seed,
             "identity": self.identity,
-            "environment": run_environment(context, self.work.eval_dtype),
+            "environment": run_environment(context, self.work.dtype),
         }
         start = time.perf_counter(), time.process_time()
         torch.manual_seed(seed)

@@ -54,7 +54,7 @@ OPTIONS: dict[str, tuple[str, type | tuple[type, ...]]] = {
     "eval_tokens": ("eval_tokens", int),
     "eval_examples": ("eval_examples", int),
     "eval_stride": ("eval_stride", int),
-    "eval_precision": ("eval_precision", str),
+    "precision": ("precision", str),
     "finetune_steps": ("finetune_steps", int),
     "finetune_len": ("finetune_len", int),
     "finetune_scalings": ("finetune_scalings", list),

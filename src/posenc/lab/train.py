@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posenc.lab.distributed import Context
+from posenc.lab.precision import autocast
 from posenc.lab.tasks import IGNORE, Task
 
 __all__ = [
@@ -142,9 +143,12 @@ def train(
     context: Context,
     on_step: Callable[[int, float], None] | None = None,
     until: Until | None = None,
+    dtype: torch.dtype = torch.float32,
 ) -> TrainResult:
     """Train ``model`` in place for ``steps`` optimizer steps (with ``until``: on in
     rounds until ``until.done`` or ``until.max_steps``; ``TrainResult.steps`` says how many).
+    ``dtype`` is the forward's matrix products (bfloat16: mixed precision, the weights,
+    gradients and optimizer state stay float32; ``posenc.lab.precision``).
 
     Raises:
         NonFiniteLoss: the loss (summed over processes) is NaN or infinite.
@@ -169,7 +173,8 @@ def train(
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, steps=steps, warmup=warmup, peak=lr)
         inputs, targets = (context.shard(t).to(context.device) for t in sampler(batch_size))
-        logits = net(inputs)  # [B, T, V]
+        with autocast(dtype, context.device):
+            logits = net(inputs)  # [B, T, V], float32
         local = F.cross_entropy(
             logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE, reduction="sum"
         )

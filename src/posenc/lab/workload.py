@@ -18,7 +18,8 @@ from torch import nn
 from posenc.lab.config import LabConfig
 from posenc.lab.corpus import load_corpus
 from posenc.lab.distributed import Context
-from posenc.lab.evaluate import accuracy, eval_dtype, perplexity, segment_count
+from posenc.lab.evaluate import accuracy, perplexity, segment_count
+from posenc.lab.precision import resolve_precision
 from posenc.lab.tasks import Task
 from posenc.lab.train import TaskStream, TextWindows
 
@@ -37,7 +38,7 @@ class Workload:
     sha256: str | None
     sampler: Callable[[int, int], Sampler]  # (length, seed) -> global batches
     evaluate: Callable[[nn.Module, int, int], dict[str, object]]  # (model, length, seed)
-    eval_dtype: torch.dtype  # of evaluation's matrix products (``LabConfig.eval_precision``)
+    dtype: torch.dtype  # of the matrix products (``LabConfig.precision``)
 
 
 def make_workload(config: LabConfig, context: Context) -> Workload:
@@ -49,7 +50,7 @@ def make_workload(config: LabConfig, context: Context) -> Workload:
             window of the longest evaluation length.
     """
     longest = max(config.eval_lens)
-    dtype = eval_dtype(config.eval_precision, context.device)
+    dtype = resolve_precision(config.precision, context.device)
     if config.task != "lm":
         task = Task(config.task, longest)
         return Workload(
@@ -67,7 +68,7 @@ def make_workload(config: LabConfig, context: Context) -> Workload:
                 context=context,
                 dtype=dtype,
             ),
-            eval_dtype=dtype,
+            dtype=dtype,
         )
     corpus = load_corpus(config.corpus)
     _text_score = _text_scores(config, context, dtype)
@@ -89,7 +90,7 @@ def make_workload(config: LabConfig, context: Context) -> Workload:
         sha256=corpus.sha256,
         sampler=lambda length, seed: TextWindows(corpus.train, length, seed),
         evaluate=lambda model, length, seed: _text_score(model, corpus.heldout, length),
-        eval_dtype=dtype,
+        dtype=dtype,
     )
 
 
