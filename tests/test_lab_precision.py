@@ -1,7 +1,7 @@
-"""posenc lab's evaluation precision (``LabConfig.eval_precision``): which dtype ``auto``
-picks, bfloat16 logits against a float64 forward for every encoding the lab can train,
-perplexity and accuracy against float32, and the option on the command line and in
-sweep files."""
+"""posenc lab's arithmetic (``LabConfig.precision``, ``posenc.lab.precision``): which dtype
+``auto`` picks, ``MultiHeadAttention(attention_dtype=)``, bfloat16 logits and gradients
+against a float64 model for every encoding the lab can train, perplexity and accuracy
+against float32, and the option on the command line and in sweep files."""
 
 from __future__ import annotations
 
@@ -10,16 +10,21 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from posenc import cli
+import posenc.attention
+from posenc import MultiHeadAttention, cli
 from posenc.lab import LabConfig, TinyLM
 from posenc.lab.config import resolve_encodings
 from posenc.lab.distributed import Context
-from posenc.lab.evaluate import accuracy, eval_dtype, perplexity
+from posenc.lab.evaluate import accuracy, perplexity
+from posenc.lab.precision import autocast, resolve_precision
 from posenc.lab.tasks import Task
 from posenc.lab.variants import build_encoding
 
 EPS_BF16 = torch.finfo(torch.bfloat16).eps
+EPS_FP32 = torch.finfo(torch.float32).eps
+CPU = torch.device("cpu")
 TINY = ["--quick", "--steps", "4", "--d-model", "16", "--heads", "2", "--eval-tokens", "128",
         "--threads", "1", "--no-progress", "--encodings", "nope"]  # fmt: skip
 
@@ -30,7 +35,11 @@ def _model(name: str, *, dtype: torch.dtype = torch.float32) -> TinyLM:
     torch.manual_seed(0)
     model = TinyLM(build_encoding(name, config, **options), vocab_size=256, d_model=32,
                    num_layers=2, num_heads=2)  # fmt: skip
-    return model.to(dtype).eval()
+    return model.to(dtype)
+
+
+def _tokens(batch: int, length: int, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, 256, (batch, length), generator=torch.Generator().manual_seed(seed))
 
 
 # ------------------------------------------------------------------------ the dtype chosen
@@ -42,43 +51,98 @@ def test_auto_is_bfloat16_only_where_the_cpu_has_it(monkeypatch, flags):
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
     want = torch.bfloat16 if any(flags) else torch.float32
-    assert eval_dtype("auto", torch.device("cpu")) == want
-    assert eval_dtype("float32", torch.device("cpu")) == torch.float32
-    assert eval_dtype("bfloat16", torch.device("cpu")) == torch.bfloat16
+    assert resolve_precision("auto", CPU) == want
+    assert resolve_precision("float32", CPU) == torch.float32
+    assert resolve_precision("bfloat16", CPU) == torch.bfloat16
 
 
 def test_auto_is_float32_where_no_check_exists(monkeypatch):
     monkeypatch.delattr(torch.cpu, "_is_avx512_bf16_supported", raising=False)
     monkeypatch.delattr(torch.cpu, "_is_amx_tile_supported", raising=False)
-    assert eval_dtype("auto", torch.device("cpu")) == torch.float32
-    assert eval_dtype("auto", torch.device("meta")) == torch.float32
+    assert resolve_precision("auto", CPU) == torch.float32
+    assert resolve_precision("auto", torch.device("meta")) == torch.float32
 
 
 def test_unknown_precisions_are_refused_by_name():
     with pytest.raises(ValueError, match="'float16'"):
-        eval_dtype("float16", torch.device("cpu"))
-    with pytest.raises(ValueError, match=r"eval_precision.*'half'"):
-        LabConfig(eval_precision="half")
+        resolve_precision("float16", CPU)
+    with pytest.raises(ValueError, match=r"precision.*'half'"):
+        LabConfig(precision="half")
 
 
-# ----------------------------------------------------------------------- numbers in bf16
+# -------------------------------------------------------------- attention_dtype, in posenc
+
+
+@pytest.mark.parametrize("bad", [torch.int32, "float32", 32])
+def test_attention_dtype_must_be_a_floating_dtype(bad):
+    with pytest.raises(TypeError, match="attention_dtype"):
+        MultiHeadAttention(16, 2, attention_dtype=bad)
+
+
+@pytest.mark.parametrize("position", ["rope", "alibi", "shaw"])
+def test_attention_core_runs_in_attention_dtype_under_autocast(monkeypatch, position):
+    """With ``attention_dtype=float32`` under a bfloat16 autocast, ``attend`` gets float32
+    queries, keys and values while the projections multiply in bfloat16; the result
+    is within bfloat16 roundings of a float64 layer."""
+    seen = []
+    attend = posenc.attention.attend
+
+    def spy(q, k, v, **options):
+        seen.append((q.dtype, k.dtype, v.dtype, torch.is_autocast_enabled("cpu")))
+        return attend(q, k, v, **options)
+
+    monkeypatch.setattr(posenc.attention, "attend", spy)
+    torch.manual_seed(0)
+    layer = MultiHeadAttention(32, 2, position=position, attention_dtype=torch.float32)
+    reference = MultiHeadAttention(32, 2, position=position).double()
+    reference.load_state_dict(layer.state_dict())
+    x = torch.randn(2, 40, 32, generator=torch.Generator().manual_seed(3))
+    proj = []
+    layer.q_proj.register_forward_hook(lambda module, args, out: proj.append(out.dtype))
+    with torch.no_grad():
+        want = reference(x.double())
+        seen.clear()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got = layer(x)
+    assert seen == [(torch.float32, torch.float32, torch.float32, False)]
+    assert proj == [torch.bfloat16]  # the projections did multiply in bfloat16
+    scale = float(want.abs().max())
+    torch.testing.assert_close(got.double(), want, rtol=0.0, atol=4 * EPS_BF16 * scale)
+
+
+def test_attention_dtype_float64_on_a_float32_layer():
+    """Without autocast: the core in float64, the output back in ``x``'s dtype, equal to
+    the float64 layer within float32 roundings."""
+    torch.manual_seed(0)
+    layer = MultiHeadAttention(32, 2, position="rope", attention_dtype=torch.float64)
+    reference = MultiHeadAttention(32, 2, position="rope").double()
+    reference.load_state_dict(layer.state_dict())
+    x = torch.randn(2, 40, 32, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        got, want = layer(x), reference(x.double())
+    assert got.dtype == torch.float32
+    scale = float(want.abs().max())
+    torch.testing.assert_close(got.double(), want, rtol=0.0, atol=16 * EPS_FP32 * scale)
+    assert "attention_dtype=torch.float64" in repr(layer)
+
+
+# -------------------------------------------------------------------- the lab's model in bf16
 
 
 @pytest.mark.parametrize("name", resolve_encodings(["all"]))
 def test_bfloat16_logits_match_a_float64_forward(name):
-    """Every encoding the lab can train evaluates under bfloat16 autocast (the blocks'
-    products in bfloat16, accumulated in float32) with float32 logits; the error is
-    bounded by a few bfloat16 roundings of the logits' scale, and the products really
-    ran in bfloat16 (it is at least the float32 path's error)."""
-    model = _model(name)
-    reference = _model(name, dtype=torch.float64)
-    tokens = torch.randint(0, 256, (2, 200), generator=torch.Generator().manual_seed(1))
+    """Every encoding the lab can train runs under the lab's bfloat16 autocast with float32
+    logits; the error is a few bfloat16 roundings of the logits' scale, and the
+    projections really multiplied in bfloat16 (the error exceeds the float32 path's)."""
+    model = _model(name).eval()
+    reference = _model(name, dtype=torch.float64).eval()
+    tokens = _tokens(2, 200)
     seen = []
     model.blocks[0].attn.q_proj.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
     with torch.inference_mode():
         want = reference(tokens)
         exact = model(tokens)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with autocast(torch.bfloat16, CPU):
             fast = model(tokens)
     assert seen == [torch.float32, torch.bfloat16]
     assert fast.dtype == torch.float32  # logits never rounded to bfloat16
@@ -88,13 +152,36 @@ def test_bfloat16_logits_match_a_float64_forward(name):
     assert error > float((exact.double() - want).abs().max())
 
 
+@pytest.mark.parametrize("name", ["nope", "sinusoidal", "learned", "rope", "alibi", "t5"])
+def test_mixed_precision_gradients_match_float64(name):
+    """One training step's gradients under the bfloat16 autocast: every parameter's
+    gradient is within a few bfloat16 roundings of its float64 value (scaled by the
+    largest gradient of that tensor); the loss within one bfloat16 epsilon."""
+    model, reference = _model(name), _model(name, dtype=torch.float64)
+    tokens = _tokens(4, 65, seed=4)
+    with autocast(torch.bfloat16, CPU):
+        logits = model(tokens[:, :-1])
+    loss = F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+    loss.backward()
+    want_loss = F.cross_entropy(reference(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten())
+    want_loss.backward()
+    assert abs(float(loss) - float(want_loss)) < EPS_BF16 * float(want_loss)
+    grads = dict(reference.named_parameters())
+    for key, param in model.named_parameters():
+        want = grads[key].grad
+        if want is None or not float(want.abs().max()):
+            continue
+        scale = float(want.abs().max())
+        torch.testing.assert_close(
+            param.grad.double(), want, rtol=0.0, atol=16 * EPS_BF16 * scale, msg=key
+        )
+
+
 def test_bfloat16_perplexity_and_accuracy_stay_within_bfloat16_rounding():
     """The mean loss moves by less than one bfloat16 epsilon of itself; exact match and
     per-token accuracy of a task are the same up to one example in a hundred."""
-    model = _model("rope")
-    data = torch.randint(
-        0, 256, (5000,), dtype=torch.uint8, generator=torch.Generator().manual_seed(2)
-    )
+    model = _model("rope").eval()
+    data = _tokens(1, 5000, seed=2).flatten().to(torch.uint8)
     options = {"longest": 256, "max_tokens": 4096, "context": Context()}
     scores = {
         d: perplexity(model, data, 64, dtype=d, **options) for d in (torch.float32, torch.bfloat16)
@@ -114,26 +201,26 @@ def test_bfloat16_perplexity_and_accuracy_stay_within_bfloat16_rounding():
 # -------------------------------------------------------------------- command line, files
 
 
-def test_the_option_reaches_the_runs_and_their_environment(tmp_path: Path):
-    assert (
-        cli.main(["lab", *TINY, "--out", str(tmp_path / "a"), "--eval-precision", "float32"]) == 0
-    )
+def test_the_option_reaches_the_runs_and_the_report(tmp_path: Path):
+    assert cli.main(["lab", *TINY, "--out", str(tmp_path / "a"), "--precision", "float32"]) == 0
     results = json.loads((tmp_path / "a" / "results.json").read_text())
-    assert results["config"]["eval_precision"] == "float32"
-    assert {r["environment"]["eval_dtype"] for r in results["runs"]} == {"float32"}
+    assert results["config"]["precision"] == "float32"
+    assert {r["environment"]["precision"] for r in results["runs"]} == {"float32"}
+    assert "Precision: float32 throughout." in (tmp_path / "a" / "report.md").read_text()
     sweep = tmp_path / "sweep.toml"
-    sweep.write_text('eval-precision = "bfloat16"\n')
+    sweep.write_text('precision = "bfloat16"\n')
     assert cli.main(["lab", *TINY, "--out", str(tmp_path / "b"), "--config", str(sweep)]) == 0
     results = json.loads((tmp_path / "b" / "results.json").read_text())
-    assert {r["environment"]["eval_dtype"] for r in results["runs"]} == {"bfloat16"}
+    assert {r["environment"]["precision"] for r in results["runs"]} == {"bfloat16"}
+    assert "bfloat16 mixed precision" in (tmp_path / "b" / "report.md").read_text()
 
 
 def test_bad_values_are_one_line_and_exit_2(tmp_path: Path, capsys):
     sweep = tmp_path / "sweep.toml"
-    sweep.write_text('eval-precision = "half"\n')
+    sweep.write_text('precision = "half"\n')
     assert cli.main(["lab", *TINY, "--out", str(tmp_path / "a"), "--config", str(sweep)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "'half'" in err and "Traceback" not in err, err
-    assert cli.main(["lab", *TINY, "--out", str(tmp_path / "b"), "--eval-precision", "fp8"]) == 2
+    assert cli.main(["lab", *TINY, "--out", str(tmp_path / "b"), "--precision", "fp8"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "'fp8'" in err and "Traceback" not in err, err

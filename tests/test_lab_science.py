@@ -228,11 +228,8 @@ def test_bench_lab_measures_every_default_encoding():
     groups = lab_groups(quick=True, repeats=1, warmup=0)
     assert [g.suite for g in groups] == ["lab", "lab"]
     bf16 = [f"{name} bf16" for name in DEFAULT_ENCODINGS]
-    cases = [
-        list(DEFAULT_ENCODINGS),
-        [n for pair in zip(DEFAULT_ENCODINGS, bf16, strict=True) for n in pair],
-    ]
-    for group, want in zip(groups, cases, strict=True):  # training step; evaluation forward
+    want = [n for pair in zip(DEFAULT_ENCODINGS, bf16, strict=True) for n in pair]
+    for group in groups:  # training step; evaluation forward, each in float32 and bf16
         assert list(group.stats) == want and group.floor == "nope"
         rates = group.info["tokens_per_second"]
         assert set(rates) == set(want) and all(r > 0 for r in rates.values())
