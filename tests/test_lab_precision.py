@@ -129,6 +129,28 @@ def test_attention_dtype_float64_on_a_float32_layer():
 # -------------------------------------------------------------------- the lab's model in bf16
 
 
+def test_the_lab_model_sets_the_core_dtype_per_pass(monkeypatch):
+    """float32 attention core under the bfloat16 autocast; the weights' own dtype (float64
+    here) otherwise, so a float64 model stays a float64 reference."""
+    seen = []
+    attend = posenc.attention.attend
+    monkeypatch.setattr(
+        posenc.attention,
+        "attend",
+        lambda q, k, v, **o: seen.append(q.dtype) or attend(q, k, v, **o),
+    )
+    model, wide = _model("rope"), _model("rope", dtype=torch.float64)
+    tokens = _tokens(1, 16)
+    with torch.no_grad():
+        with autocast(torch.bfloat16, CPU):
+            model(tokens)
+        assert {b.attn.attention_dtype for b in model.blocks} == {torch.float32}
+        model(tokens)
+        assert {b.attn.attention_dtype for b in model.blocks} == {None}
+        wide(tokens)
+    assert seen == [torch.float32] * 4 + [torch.float64] * 2
+
+
 @pytest.mark.parametrize("name", resolve_encodings(["all"]))
 def test_bfloat16_logits_match_a_float64_forward(name):
     """Every encoding the lab can train runs under the lab's bfloat16 autocast with float32
@@ -155,7 +177,7 @@ def test_bfloat16_logits_match_a_float64_forward(name):
 @pytest.mark.parametrize("name", ["nope", "sinusoidal", "learned", "rope", "alibi", "t5"])
 def test_mixed_precision_gradients_match_float64(name):
     """One training step's gradients under the bfloat16 autocast: every parameter's
-    gradient is within a few bfloat16 roundings of its float64 value (scaled by the
+    gradient is within four bfloat16 roundings of its float64 value (scaled by the
     largest gradient of that tensor); the loss within one bfloat16 epsilon."""
     model, reference = _model(name), _model(name, dtype=torch.float64)
     tokens = _tokens(4, 65, seed=4)
@@ -165,7 +187,7 @@ def test_mixed_precision_gradients_match_float64(name):
     loss.backward()
     want_loss = F.cross_entropy(reference(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten())
     want_loss.backward()
-    assert abs(float(loss) - float(want_loss)) < EPS_BF16 * float(want_loss)
+    assert abs(loss.item() - want_loss.item()) < EPS_BF16 * want_loss.item()
     grads = dict(reference.named_parameters())
     for key, param in model.named_parameters():
         want = grads[key].grad
@@ -173,7 +195,7 @@ def test_mixed_precision_gradients_match_float64(name):
             continue
         scale = float(want.abs().max())
         torch.testing.assert_close(
-            param.grad.double(), want, rtol=0.0, atol=16 * EPS_BF16 * scale, msg=key
+            param.grad.double(), want, rtol=0.0, atol=4 * EPS_BF16 * scale, msg=key
         )
 
 

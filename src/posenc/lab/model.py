@@ -19,9 +19,10 @@ CPU kernel at long lengths (``posenc bench --only lab`` times both passes).
 
 Under ``torch.autocast`` (the lab's bfloat16 mixed precision, ``posenc.lab.precision``)
 the blocks' projections and MLP multiply in bfloat16, while the attention core
-(``attention_dtype=torch.float32``), the final LayerNorm and the output projection stay
-float32, so the logits that the loss, perplexity and argmax read are not rounded to
-bfloat16's 8 significant bits.
+(``MultiHeadAttention.attention_dtype``, float32 in such a pass and the weights' dtype in
+any other), the final LayerNorm and the output projection stay float32, so the logits
+that the loss, perplexity and argmax read are not rounded to bfloat16's 8 significant
+bits.
 """
 
 from __future__ import annotations
@@ -51,9 +52,7 @@ class _Block(nn.Module):
     def __init__(self, d_model: int, num_heads: int, encoding: PositionalEncoding) -> None:
         super().__init__()
         self.ln_attn = nn.LayerNorm(d_model)
-        self.attn = MultiHeadAttention(
-            d_model, num_heads, position=encoding, causal=True, attention_dtype=torch.float32
-        )
+        self.attn = MultiHeadAttention(d_model, num_heads, position=encoding, causal=True)
         self.ln_mlp = nn.LayerNorm(d_model)
         self.mlp = nn.Sequential(
             nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model)
@@ -101,8 +100,10 @@ class TinyLM(nn.Module):
 
     def forward(self, tokens: Tensor) -> Tensor:
         backend = attention_backend(self.encoding, grad=torch.is_grad_enabled())
+        core = torch.float32 if torch.is_autocast_enabled(tokens.device.type) else None
         for block in self.blocks:
             block.attn.backend = backend
+            block.attn.attention_dtype = core  # the weights' dtype outside autocast
         positions = torch.arange(tokens.shape[1], device=tokens.device)  # [T]
         x = self.embedding(tokens)  # [B, T, C]
         if self.encoding.sites & Site.INPUT:
