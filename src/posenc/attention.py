@@ -37,6 +37,7 @@ from posenc._checks import (
     check_tensor,
     resolve_positions,
 )
+from posenc._dtypes import without_autocast
 from posenc.attention_backends import DEFAULT_BLOCK_SIZE, Masking, attend, check_backend
 from posenc.base import PositionalEncoding, Site, build
 from posenc.encodings.nope import NoPE
@@ -249,7 +250,7 @@ class MultiHeadAttention(nn.Module):
         if self.attention_dtype is None:
             out = self._core(q, k, v, *where)
         else:
-            with torch.autocast(x.device.type, enabled=False):
+            with without_autocast(x.device.type):
                 q, k, v = (t.to(self.attention_dtype) for t in (q, k, v))
                 out = self._core(q, k, v, *where).to(x.dtype)
         return self.out_proj(out.transpose(1, 2).reshape(batch, length, self.d_model))

@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from posenc._dtypes import autocast_enabled, without_autocast
 from posenc.attention import MultiHeadAttention
 from posenc.base import PositionalEncoding, Site
 from posenc.encodings.learned import LearnedPositionalEncoding
@@ -100,7 +101,7 @@ class TinyLM(nn.Module):
 
     def forward(self, tokens: Tensor) -> Tensor:
         backend = attention_backend(self.encoding, grad=torch.is_grad_enabled())
-        core = torch.float32 if torch.is_autocast_enabled(tokens.device.type) else None
+        core = torch.float32 if autocast_enabled(tokens.device.type) else None
         for block in self.blocks:
             block.attn.backend = backend
             block.attn.attention_dtype = core  # the weights' dtype outside autocast
@@ -110,7 +111,7 @@ class TinyLM(nn.Module):
             x = self.encoding.embed(x, positions)
         for block in self.blocks:
             x = block(x, positions)
-        with torch.autocast(tokens.device.type, enabled=False):  # float32 logits
+        with without_autocast(tokens.device.type):  # float32 logits
             return self.head(self.ln_out(x))  # [B, T, V] (x: the float32 residual stream)
 
     def with_encoding(self, encoding: PositionalEncoding) -> TinyLM:
