@@ -32,6 +32,7 @@ from torch import Tensor, nn
 
 from posenc._checks import (
     check_bool,
+    check_float_dtype,
     check_int,
     check_probability,
     check_tensor,
@@ -126,12 +127,8 @@ class MultiHeadAttention(nn.Module):
         attention_dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        if attention_dtype is not None and not (
-            isinstance(attention_dtype, torch.dtype) and attention_dtype.is_floating_point
-        ):
-            raise TypeError(
-                f"attention_dtype must be a floating torch.dtype or None, got {attention_dtype!r}"
-            )
+        if attention_dtype is not None:
+            check_float_dtype("attention_dtype", attention_dtype)
         self.attention_dtype = attention_dtype
         self.d_model = check_int("d_model", d_model)
         self.num_heads = check_int("num_heads", num_heads)

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 from posenc._checks import check_float, check_int, check_probability
 from posenc.base import available, info
-from posenc.lab.precision import PRECISIONS
+from posenc.lab.precision import check_precision
 
 __all__ = [
     "DEFAULT_ENCODINGS",
@@ -134,10 +134,7 @@ class LabConfig:
     def __post_init__(self) -> None:
         if self.task not in TASKS:
             raise ValueError(f"unknown task {self.task!r}; known tasks: {', '.join(TASKS)}")
-        if self.precision not in PRECISIONS:
-            raise ValueError(
-                f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}"
-            )
+        check_precision(self.precision)
         if self.learned_beyond not in _BEYOND:
             raise ValueError(
                 f"learned_beyond must be one of {', '.join(_BEYOND)}, got {self.learned_beyond!r}"

@@ -21,11 +21,22 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["PRECISIONS", "autocast", "resolve_precision"]
+__all__ = ["PRECISIONS", "autocast", "check_precision", "resolve_precision"]
 
 #: ``LabConfig.precision`` values.
 PRECISIONS = ("auto", "float32", "bfloat16")
 _NATIVE_CPU = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+
+
+def check_precision(precision: object) -> str:
+    """Return ``precision`` after checking it is one of ``PRECISIONS``.
+
+    Raises:
+        ValueError: any other value, named.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    return precision
 
 
 def resolve_precision(precision: str, device: torch.device) -> torch.dtype:
@@ -37,9 +48,7 @@ def resolve_precision(precision: str, device: torch.device) -> torch.dtype:
     Raises:
         ValueError: an unknown ``precision``.
     """
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
-    if precision != "auto":
+    if check_precision(precision) != "auto":
         return getattr(torch, precision)
     if device.type == "cuda":
         native = torch.cuda.is_bf16_supported()
