@@ -67,10 +67,13 @@ from posenc.encodings.rotary.functional import (
 )
 from posenc.encodings.rotary.scaling import DEFAULT_BASE, ScalingSpec, resolve_scaling
 
-__all__ = ["LENGTH_POLICIES", "TABLE_ROWS", "FrequencyChange", "RotaryEmbedding"]
+__all__ = ["LAYOUTS", "LENGTH_POLICIES", "TABLE_ROWS", "FrequencyChange", "RotaryEmbedding"]
 
 #: The length policies of the length-dependent scalings (module docstring).
 LENGTH_POLICIES = ("monotone", "transformers")
+
+#: The axis orders ``forward`` accepts: ``[B, H, T, D]`` (the hooks' order) or ``[B, T, H, D]``.
+LAYOUTS = ("bhtd", "bthd")
 
 #: Rows of cos/sin cached at most per (device, dtype) beyond ``max_len``; larger positions
 #: are evaluated directly.
@@ -123,10 +126,14 @@ class RotaryEmbedding(PositionalEncoding):
             ``max(max_len, TABLE_ROWS)`` rows; positions beyond are evaluated directly.
         length_policy: ``"monotone"`` or ``"transformers"`` (module docstring); only
             dynamic NTK and LongRoPE depend on it.
+        layout: the axis order of ``forward``'s ``q`` and ``k``: ``"bhtd"`` for
+            ``[B, H, T, D]``, ``"bthd"`` for ``[B, T, H, D]`` (returned in the same order).
+            The hooks (``rotate``, as ``MultiHeadAttention`` calls it) always take
+            ``[B, H, T, D]``.
 
     Raises:
         ValueError: odd ``head_dim``, odd or too large ``rotary_dim``, bad scaling, unknown
-            ``length_policy``.
+            ``length_policy`` or ``layout``.
     """
 
     sites = Site.QK
@@ -142,6 +149,7 @@ class RotaryEmbedding(PositionalEncoding):
         max_len: int = 2048,
         length_policy: str = "monotone",
         clockwise: bool = False,
+        layout: str = "bhtd",
     ) -> None:
         super().__init__()
         params, base, rotary_dim = resolve_scaling(
@@ -158,6 +166,9 @@ class RotaryEmbedding(PositionalEncoding):
                 f"length_policy must be one of {LENGTH_POLICIES}, got {length_policy!r}"
             )
         self.length_policy = length_policy
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        self.layout = layout
         inv_freq, scale = params.inv_freq(rotary_dim, base)
         self._state = _State(0, inv_freq, float(scale))
         self._lock = threading.Lock()
@@ -380,7 +391,8 @@ class RotaryEmbedding(PositionalEncoding):
     def forward(
         self, q: Tensor, k: Tensor, positions: Tensor | None = None, *, offset: int = 0
     ) -> tuple[Tensor, Tensor]:
-        """Rotate ``q [B, H, Tq, D]`` and ``k [B, Hkv, Tk, D]``.
+        """Rotate ``q [B, H, Tq, D]`` and ``k [B, Hkv, Tk, D]`` (``[B, T, H, D]`` with
+        ``layout="bthd"``); returns them in the same layout.
 
         Args:
             q: queries.
@@ -391,8 +403,21 @@ class RotaryEmbedding(PositionalEncoding):
             offset: added to the positions (KV-cache decoding: the cached length).
 
         Raises:
-            ValueError: see ``rotate``; ``Tq > Tk`` or ``Tq != Tk`` with positions.
+            ValueError: see ``rotate``; ``Tq > Tk``, or ``Tq != Tk`` with positions;
+                positions whose length is not the ``T`` axis of the layout (the message
+                names the shape).
         """
+        check_tensor("q", q, ndim=4)
+        check_tensor("k", k, ndim=4)
+        if self.layout == "bthd":
+            q, k = self._forward(q.transpose(1, 2), k.transpose(1, 2), positions, offset)
+            return q.transpose(1, 2), k.transpose(1, 2)
+        return self._forward(q, k, positions, offset)
+
+    def _forward(
+        self, q: Tensor, k: Tensor, positions: Tensor | None, offset: int
+    ) -> tuple[Tensor, Tensor]:
+        """``forward`` on ``[B, H, T, D]`` views."""
         self._check_qk(q, k)
         offset = check_int("offset", offset, minimum=0)
         t_q, t_k = q.shape[-2], k.shape[-2]
@@ -404,9 +429,28 @@ class RotaryEmbedding(PositionalEncoding):
             return self.rotate(q, k, q_pos, k_pos)
         if t_q != t_k:
             raise ValueError(f"positions are shared, but q has T={t_q} and k has T={t_k}")
+        if isinstance(positions, Tensor) and positions.dim() in (1, 2):
+            self._check_length(positions, q)
         positions = resolve_positions(positions, t_q, batch=q.shape[0])
         positions = positions + offset if offset else positions
         return self.rotate(q, k, positions, positions)
+
+    def _check_length(self, positions: Tensor, q: Tensor) -> None:
+        """Refuse positions whose length is not the layout's ``T`` axis of ``q``."""
+        n, t_q = positions.shape[-1], q.shape[-2]
+        if n == t_q:
+            return
+        shown = q.transpose(1, 2) if self.layout == "bthd" else q
+        order = "[B, T, H, D]" if self.layout == "bthd" else "[B, H, T, D]"
+        hint = ""
+        if n == q.shape[1]:  # the positions fit the other axis: the other layout
+            other = "bhtd" if self.layout == "bthd" else "bthd"
+            hint = f"; for the other axis order pass layout={other!r}"
+        raise ValueError(
+            f"positions must have shape [T] or [B, T] with T = {t_q}, got shape "
+            f"{tuple(positions.shape)}: q {tuple(shown.shape)} has T={t_q} in "
+            f"layout={self.layout!r} {order}{hint}"
+        )
 
     # ------------------------------------------------------------------ copying
 
@@ -420,6 +464,7 @@ class RotaryEmbedding(PositionalEncoding):
     def __setstate__(self, state: dict) -> None:
         state.setdefault("length_policy", "monotone")
         state.setdefault("clockwise", False)
+        state.setdefault("layout", "bhtd")
         super().__setstate__(state)
         self._lock = threading.Lock()
 
@@ -428,6 +473,7 @@ class RotaryEmbedding(PositionalEncoding):
             f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base}, "
             f"scaling={self.scaling}, interleaved={self.interleaved}"
             + (", clockwise=True" if self.clockwise else "")
+            + (f", layout={self.layout!r}" if self.layout != "bhtd" else "")
             + (f", length_policy={self.length_policy!r}" if self.scaling.length_dependent else "")
         )
 
