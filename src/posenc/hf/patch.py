@@ -28,24 +28,27 @@ stays consistent with the keys it attends to; ``"transformers"`` reproduces tran
 
 from __future__ import annotations
 
-import functools
+import copy
 import inspect
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
-from posenc.encodings.rotary.apply import apply_rope
+from posenc._checks import check_bool
 from posenc.encodings.rotary.module import LENGTH_POLICIES, RotaryEmbedding
 from posenc.hf.config import as_config_dict, config_family, rope_from_hf_config
-from posenc.hf.patch_cache import CacheTracker
+from posenc.hf.patch_cache import CacheTracker, TrackerPostHook, TrackerPreHook
+from posenc.hf.patch_rotation import Rotation, measure_rotation, rebind, rotation_methods
 
 __all__ = ["PatchedRotary", "patch", "patch_encodings", "unpatch"]
 
 _STATE = "_posenc_patch"
-_ROTATE = "apply_rotary_pos_emb"
+PROBE_LENGTH = 8
+_HOOKS = (TrackerPreHook, TrackerPostHook)
 _KEEP = ("rope_theta", "partial_rotary_factor")
 _ORIGINAL = "original_max_position_embeddings"
 
@@ -57,6 +60,8 @@ class PatchedRotary(nn.Module):
         encodings: ``{layer_type: RotaryEmbedding}`` (key None for a single type).
         tracker: the KV-cache tracker of the length policy.
         original: the module replaced (kept as a child, so it follows ``.to()``).
+        arrangement: how the original hands out its tables, which the attention modules
+            unpack: ``"cos_sin"``, ``"sin_cos"`` (GPT-J) or ``"complex"`` (``freqs_cis``).
     """
 
     def __init__(
@@ -64,17 +69,19 @@ class PatchedRotary(nn.Module):
         encodings: dict[str | None, RotaryEmbedding],
         tracker: CacheTracker,
         original: nn.Module,
+        arrangement: str = "cos_sin",
     ) -> None:
         super().__init__()
         self.encodings = nn.ModuleDict({str(k): v for k, v in encodings.items()})
         self.tracker = tracker
         self.original = original
+        self.arrangement = arrangement
 
     def forward(
         self, x: Tensor, position_ids: Tensor, layer_type: str | None = None
-    ) -> tuple[Tensor, Tensor]:
-        """``(cos, sin)`` of ``position_ids [B, T]``, each ``[B, T, R/2]`` (float32, or
-        float64 for a float64 ``x``), after the length policy has run."""
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """The tables of ``position_ids [B, T]``, each ``[B, T, R/2]`` (float32, or float64
+        for a float64 ``x``) in the original's arrangement, after the length policy ran."""
         if str(layer_type) not in self.encodings:
             raise ValueError(
                 f"layer_type={layer_type!r} has no rotary embedding; patched types: "
@@ -82,45 +89,17 @@ class PatchedRotary(nn.Module):
             )
         encoding = self.encodings[str(layer_type)]
         self.tracker.observe(encoding, layer_type, position_ids)
-        return encoding.cos_sin(position_ids.to(x.device), dtype=x.dtype)
+        cos, sin = encoding.cos_sin(position_ids.to(x.device), dtype=x.dtype)
+        if self.arrangement == "complex":
+            return torch.complex(cos, sin)
+        return (sin, cos) if self.arrangement == "sin_cos" else (cos, sin)
 
 
 @dataclass
 class _Patch:
     parent: nn.Module
     original: nn.Module
-    attentions: list[nn.Module]
-    handles: list[Any]
-
-
-def _rotate_qk(
-    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int = 1, *, interleaved: bool
-) -> tuple[Tensor, Tensor]:
-    """``apply_rotary_pos_emb`` on posenc's tables: q, k ``[B, H, T, D]`` (or ``[B, T, H, D]``
-    with ``unsqueeze_dim=2``), cos/sin ``[B, T, R/2]``."""
-    if unsqueeze_dim == 2:
-        q, k = q.transpose(1, 2), k.transpose(1, 2)
-    q, k = (
-        apply_rope(q, cos, sin, interleaved=interleaved),
-        apply_rope(k, cos, sin, interleaved=interleaved),
-    )
-    return (q.transpose(1, 2), k.transpose(1, 2)) if unsqueeze_dim == 2 else (q, k)
-
-
-def _patched_forward(cls: type, interleaved: bool) -> types.FunctionType:
-    """``cls.forward`` with ``apply_rotary_pos_emb`` bound to posenc's rotation."""
-    fn = cls.forward
-    namespace = dict(fn.__globals__)
-    namespace[_ROTATE] = functools.partial(_rotate_qk, interleaved=interleaved)
-    new = types.FunctionType(fn.__code__, namespace, fn.__name__, fn.__defaults__, fn.__closure__)
-    new.__kwdefaults__ = fn.__kwdefaults__
-    new.__qualname__ = fn.__qualname__
-    return new
-
-
-def _rotating(module: nn.Module) -> bool:
-    fn = getattr(type(module), "forward", None)
-    return isinstance(fn, types.FunctionType) and _ROTATE in fn.__code__.co_names
+    methods: list[tuple[nn.Module, str]]
 
 
 def _find_rotary(model: nn.Module, model_type: str) -> nn.Module:
@@ -211,11 +190,176 @@ def patch_encodings(
     return encodings, model_type, cfg
 
 
+def _text_config(model: nn.Module) -> Any:
+    config = model.config
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def _refuse_nested(model: nn.Module) -> None:
+    for name, module in model.named_modules():
+        if hasattr(module, _STATE):
+            where = f"its submodule {name!r} is" if name else "model is"
+            raise ValueError(
+                f"{where} already patched by posenc; call posenc.hf.unpatch on it first"
+            )
+        if isinstance(module.__dict__.get("forward"), _PatchedMethod):
+            raise ValueError(
+                "model is part of a model patched by posenc (its attention modules run "
+                "posenc's rotation); call posenc.hf.unpatch on that model first"
+            )
+
+
+class _PatchedMethod:
+    """A module's method rebuilt on posenc's rotation, bound to that module.
+
+    A deep copy binds the copy's module; pickling is refused by name (the rebuilt code has
+    no importable name): unpatch first, or save weights with ``save_pretrained``."""
+
+    def __init__(self, function: types.FunctionType, module: nn.Module) -> None:
+        self.function, self.module = function, module
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.function(self.module, *args, **kwargs)
+
+    def __deepcopy__(self, memo: dict) -> _PatchedMethod:
+        return _PatchedMethod(self.function, copy.deepcopy(self.module, memo))
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise TypeError(
+            "a model patched by posenc.hf.patch cannot be pickled; call "
+            "posenc.hf.unpatch(model) first (save_pretrained saves its weights as they are)"
+        )
+
+
+def _arrangement(original: nn.Module, encodings: dict, width_x: int) -> tuple[str, Any, str]:
+    """How ``original`` hands out its tables, what it gives for positions ``[[0, 1, 2]]``,
+    and the layer type measured."""
+    layer_type = next(iter(encodings))
+    tensor = next(iter(original.buffers()), None)
+    device = tensor.device if tensor is not None else torch.device("cpu")
+    x = torch.zeros(1, 3, width_x, device=device)
+    positions = torch.arange(3, device=device)[None]
+    real = original(x, positions) if layer_type is None else original(x, positions, layer_type)
+    if isinstance(real, Tensor) and real.is_complex():
+        return "complex", real, str(layer_type)
+    if not (isinstance(real, tuple) and len(real) == 2):
+        raise ValueError(f"rotary_emb returned {type(real).__name__}, not (cos, sin)")
+    zero = [bool((table[..., 0, :] == 0).all()) for table in real]  # sin(0) = 0
+    return ("sin_cos" if zero == [True, False] else "cos_sin"), real, str(layer_type)
+
+
+def _rotations(
+    attentions: dict[nn.Module, dict[str, tuple[str, ...]]],
+    original: nn.Module,
+    encodings: dict[str | None, RotaryEmbedding],
+    model_type: str,
+) -> tuple[str, dict[tuple[str, str], Rotation]]:
+    """The arrangement of the tables and a measured ``Rotation`` per rotation function."""
+    some = next(iter(encodings.values()))
+    try:
+        arrangement, real, layer_type = _arrangement(original, encodings, some.head_dim)
+    except Exception as exc:
+        raise ValueError(
+            f"model_type {model_type!r} is not supported by posenc.hf.patch: its rotary_emb "
+            f"could not be measured ({type(exc).__name__}: {exc})"
+        ) from exc
+    encoding = encodings[None if layer_type == "None" else layer_type]
+    cos, sin = encoding.cos_sin(torch.arange(3)[None], dtype=torch.float32)
+    found: dict[tuple[str, str], Rotation] = {}
+    for module, methods in attentions.items():
+        namespace = inspect.unwrap(getattr(type(module), next(iter(methods)))).__globals__
+        for names in methods.values():
+            for name in names:
+                key = (namespace["__name__"], name)
+                if key in found:
+                    continue
+                try:
+                    found[key] = measure_rotation(
+                        namespace[name], real, cos, sin, complex_tables=arrangement == "complex"
+                    )
+                except ValueError as exc:
+                    raise ValueError(
+                        f"model_type {model_type!r} is not supported by posenc.hf.patch: "
+                        f"its rotation {exc}"
+                    ) from exc
+    return arrangement, found
+
+
+def _install(
+    attentions: dict[nn.Module, dict[str, tuple[str, ...]]],
+    rotations: dict[tuple[str, str], Rotation],
+) -> list[tuple[nn.Module, str]]:
+    rebuilt: dict[tuple[type, str], types.FunctionType] = {}
+    installed = []
+    for module, methods in attentions.items():
+        for method, names in methods.items():
+            key = (type(module), method)
+            if key not in rebuilt:
+                function = getattr(type(module), method)
+                module_name = inspect.unwrap(function).__globals__["__name__"]
+                replacements = {name: rotations[(module_name, name)] for name in names}
+                rebuilt[key] = rebind(function, replacements)
+            module.__dict__[method] = _PatchedMethod(rebuilt[key], module)
+            installed.append((module, method))
+    return installed
+
+
+def _output(result: Any) -> Tensor:
+    for name in ("logits", "last_hidden_state"):
+        value = getattr(result, name, None)
+        if isinstance(value, Tensor):
+            return value
+    return result[0]
+
+
+def _probe_ids(model: nn.Module, parent: nn.Module) -> Tensor:
+    embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    weight = getattr(embedding, "weight", None)
+    vocab = weight.shape[0] if weight is not None else 2
+    device = weight.device if weight is not None else torch.device("cpu")
+    return (torch.arange(PROBE_LENGTH, device=device) * 7 % vocab)[None]
+
+
+def _probe(model: nn.Module, ids: Tensor) -> Tensor:
+    with torch.no_grad():
+        return _output(model(input_ids=ids, use_cache=False)).float()
+
+
+def _verify(
+    model: nn.Module, ids: Tensor, expected: Tensor, rotations: dict, model_type: str
+) -> None:
+    """Raise unless the patched model rotated and reproduced the original's output."""
+    try:
+        got = _probe(model, ids)
+    except Exception as exc:
+        raise ValueError(
+            f"model_type {model_type!r} is not supported by posenc.hf.patch: the patched model "
+            f"fails a probe forward ({type(exc).__name__}: {exc})"
+        ) from exc
+    if not any(rotation.calls for rotation in rotations.values()):
+        raise ValueError(
+            f"model_type {model_type!r} is not supported by posenc.hf.patch: the probe forward "
+            "called none of posenc's rotations"
+        )
+    dtype = next(model.parameters()).dtype
+    layers = getattr(_text_config(model), "num_hidden_layers", 1) or 1
+    eps = torch.finfo(dtype if dtype.is_floating_point else torch.float32).eps
+    tolerance = min(16 * (PROBE_LENGTH + layers) * eps, 0.1) * max(float(expected.abs().max()), 1.0)
+    error = float((got - expected).abs().max())
+    if not error <= tolerance:  # NaN fails too
+        raise ValueError(
+            f"model_type {model_type!r} is not supported by posenc.hf.patch: the patched "
+            f"model's probe output differs from the original's by {error:.3g} "
+            f"(tolerance {tolerance:.3g})"
+        )
+
+
 def patch(
     model: nn.Module,
     *,
     scaling: Mapping[str, Any] | None = None,
     length_policy: str | None = None,
+    verify: bool = True,
 ) -> nn.Module:
     """Replace the positional machinery of a loaded transformers model with posenc's.
 
@@ -228,58 +372,63 @@ def patch(
             config's ``rope_theta`` and ``partial_rotary_factor`` are kept.
         length_policy: ``"monotone"`` (None: the default) or ``"transformers"`` (module
             docstring); only dynamic NTK and LongRoPE depend on it.
+        verify: run a probe forward of ``PROBE_LENGTH`` tokens before and after patching
+            with the config's own scaling: the patched model must call posenc's rotation
+            and give the original's output (to a tolerance from the model's dtype), or it
+            is unpatched and refused. ``False`` skips it (a model too large to run twice).
 
     Returns:
         ``model``, patched in place.
 
     Raises:
-        ValueError: a model already patched; an unsupported family (named), a model
-            without one ``rotary_emb`` or without attention modules calling
-            ``apply_rotary_pos_emb``; a scaling the family's config cannot take (the
-            model_type and the bad value named); an unknown ``length_policy``.
+        ValueError: a model (or a part of it) already patched; an unsupported family
+            (named, with the reason), a model without one ``rotary_emb`` or without
+            attention modules calling a rotation function, one whose probe fails; a
+            scaling the family's config cannot take (the model_type and the bad value
+            named); an unknown ``length_policy``.
         TypeError: ``model`` not an ``nn.Module`` with a config; ``scaling`` not a dict.
     """
     if not isinstance(model, nn.Module) or not hasattr(model, "config"):
         raise TypeError(f"model must be a transformers model, got {type(model).__name__}")
-    if hasattr(model, _STATE):
-        raise ValueError("model is already patched by posenc; call posenc.hf.unpatch(model) first")
+    _refuse_nested(model)
     policy = "monotone" if length_policy is None else length_policy
     if policy not in LENGTH_POLICIES:
         raise ValueError(f"length_policy must be one of {LENGTH_POLICIES}, got {length_policy!r}")
-    config = (
-        model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    )
-    encodings, model_type, cfg = patch_encodings(
-        as_config_dict(config), scaling=scaling, length_policy=policy
-    )
+    check_bool("verify", verify)
+    config = as_config_dict(_text_config(model))
+    encodings, model_type, cfg = patch_encodings(config, scaling=scaling, length_policy=policy)
+    own, _, _ = patch_encodings(config, length_policy=policy) if scaling else (encodings, 0, 0)
     parent = _find_rotary(model, model_type)
-    attentions = [m for m in model.modules() if _rotating(m)]
+    attentions = {m: found for m in parent.modules() if (found := rotation_methods(type(m)))}
     if not attentions:
         raise ValueError(
             f"model_type {model_type!r} is not supported by posenc.hf.patch: no attention "
-            f"module calls {_ROTATE}"
+            "module calls a rotation function (apply_rotary_pos_emb or a variant)"
         )
-    interleaved = next(iter(encodings.values())).interleaved
-    tracker = CacheTracker(None if None in encodings else cfg.get("layer_types"), policy)
     original = parent.rotary_emb
-    rotary = PatchedRotary(encodings, tracker, original)
-    forwards: dict[type, types.FunctionType] = {}
-    for module in attentions:
-        cls = type(module)
-        forwards.setdefault(cls, _patched_forward(cls, interleaved))
-        module.forward = types.MethodType(forwards[cls], module)
+    arrangement, rotations = _rotations(attentions, original, own, model_type)
+    ids = _probe_ids(model, parent) if verify else None
+    expected = _probe(model, ids) if verify else None
+    tracker = CacheTracker(None if None in encodings else cfg.get("layer_types"), policy)
+    rotary = PatchedRotary(own, tracker, original, arrangement)
+    methods = _install(attentions, rotations)
     parent.rotary_emb = rotary
     signature = inspect.signature(parent.forward)
-    handles = [
-        parent.register_forward_pre_hook(tracker.pre_hook(signature, rotary), with_kwargs=True),
-        parent.register_forward_hook(tracker.post_hook(rotary)),
-    ]
-    object.__setattr__(model, _STATE, _Patch(parent, original, attentions, handles))
+    parent.register_forward_pre_hook(TrackerPreHook(tracker, signature, rotary), with_kwargs=True)
+    parent.register_forward_hook(TrackerPostHook(tracker, rotary))
+    object.__setattr__(model, _STATE, _Patch(parent, original, methods))
+    if verify:
+        try:
+            _verify(model, ids, expected, rotations, model_type)
+        except ValueError:
+            unpatch(model)
+            raise
+    rotary.encodings = nn.ModuleDict({str(k): v for k, v in encodings.items()})
     return model
 
 
 def unpatch(model: nn.Module) -> nn.Module:
-    """Undo ``patch``: the original ``rotary_emb``, attention forwards and no hooks.
+    """Undo ``patch``: the original ``rotary_emb``, methods and no hooks.
 
     Raises:
         ValueError: ``model`` is not patched.
@@ -287,10 +436,14 @@ def unpatch(model: nn.Module) -> nn.Module:
     state = getattr(model, _STATE, None)
     if state is None:
         raise ValueError("model is not patched by posenc (posenc.hf.patch was not called)")
-    for handle in state.handles:
-        handle.remove()
-    for module in state.attentions:
-        del module.__dict__["forward"]
+    hooks = (state.parent._forward_pre_hooks, state.parent._forward_hooks)
+    for registry in hooks:
+        for key in [k for k, h in registry.items() if isinstance(h, _HOOKS)]:
+            del registry[key]
+            state.parent._forward_hooks_with_kwargs.pop(key, None)
+            state.parent._forward_pre_hooks_with_kwargs.pop(key, None)
+    for module, method in state.methods:
+        module.__dict__.pop(method, None)
     state.parent.rotary_emb = state.original
     object.__delattr__(model, _STATE)
     return model

@@ -13,8 +13,8 @@ which re-rotates its keys (``posenc.rerotate_keys``) when the frequencies change
 from __future__ import annotations
 
 import inspect
+import threading
 import weakref
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from posenc.encodings.rotary.module import RotaryEmbedding
 
-__all__ = ["CacheTracker"]
+__all__ = ["CacheTracker", "TrackerPostHook", "TrackerPreHook"]
 
 
 class _LayerView:
@@ -54,8 +54,15 @@ class _LayerView:
         self.layer.keys = value
 
 
+_CACHE_ARGUMENTS = ("cache", "past_key_values")  # transformers >= 5.24 and before
+
+
 class CacheTracker:
     """Follows the caches a patched model fills (see the module docstring).
+
+    The state of one forward (its cache, length before, positions) is per thread, so
+    threads may share one patched model, each with its own cache; a deep copy of a
+    patched model gets a fresh tracker of its own.
 
     Args:
         layer_types: the layer type of each decoder layer, or None when every layer uses
@@ -67,9 +74,22 @@ class CacheTracker:
         self.layer_types, self.policy = layer_types, policy
         self._history: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # cache -> [B, N]
         self._rotations: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # layer -> dict
-        self._cache: Any = None
-        self._before = 0
-        self._positions: Tensor | None = None
+        self._local = threading.local()
+
+    def __deepcopy__(self, memo: dict) -> CacheTracker:
+        return CacheTracker(self.layer_types, self.policy)
+
+    @property
+    def _cache(self) -> Any:
+        return getattr(self._local, "cache", None)
+
+    @property
+    def _before(self) -> int:
+        return getattr(self._local, "before", 0)
+
+    @property
+    def _positions(self) -> Tensor | None:
+        return getattr(self._local, "positions", None)
 
     def _type_of(self, index: int) -> str | None:
         return self.layer_types[index] if self.layer_types else None
@@ -77,23 +97,18 @@ class CacheTracker:
     def _layers(self, cache: Any) -> list[tuple[int, Any]]:
         return list(enumerate(getattr(cache, "layers", [])))
 
-    def pre_hook(self, signature: inspect.Signature, rotary: nn.Module) -> Callable:
-        """Base-model forward pre-hook: find the cache; a new sequence resets the monotone
-        policy to the original frequencies."""
-
-        def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
-            cache = signature.bind_partial(*args, **kwargs).arguments.get("past_key_values")
-            self._cache, self._positions = cache, None
-            self._before = int(cache.get_seq_length()) if cache is not None else 0
-            if self.policy == "monotone" and self._before == 0:
-                for encoding in rotary.encodings.values():
-                    encoding.reset_length()
-
-        return hook
+    def start(self, cache: Any, rotary: nn.Module) -> None:
+        """A forward begins on ``cache`` (None: no cache); a new sequence resets the
+        monotone policy to the original frequencies."""
+        self._local.cache, self._local.positions = cache, None
+        self._local.before = int(cache.get_seq_length()) if cache is not None else 0
+        if self.policy == "monotone" and self._local.before == 0:
+            for encoding in rotary.encodings.values():
+                encoding.reset_length()
 
     def observe(self, encoding: RotaryEmbedding, layer_type: str | None, positions: Tensor) -> None:
         """Run the length policy for one rotary table before this forward's rotations."""
-        self._positions = positions
+        self._local.positions = positions
         if not encoding.scaling.length_dependent or positions.numel() == 0:
             return
         length = int(positions.max()) + 1
@@ -113,26 +128,56 @@ class CacheTracker:
                 view = _LayerView(layer, history, self._rotations.setdefault(layer, {}))
                 encoding.sync_cache(view, length)
 
-    def post_hook(self, rotary: nn.Module) -> Callable:
-        """Base-model forward hook: append this forward's positions to its cache's
-        history and record the frequencies its new keys were rotated with."""
+    def finish(self, output: Any, rotary: nn.Module) -> None:
+        """A forward ended: append its positions to its cache's history and record the
+        frequencies its new keys were rotated with."""
+        cache = getattr(output, "past_key_values", None)
+        cache = self._cache if cache is None else cache
+        positions, self._local.cache = self._positions, None
+        if cache is None or positions is None:
+            return
+        old = self._history.get(cache)
+        new = positions.to("cpu", torch.long)
+        if old is not None and self._before:
+            old = old[:, : self._before]
+            batch = max(old.shape[0], new.shape[0])
+            new = torch.cat((old.expand(batch, -1), new.expand(batch, -1)), dim=-1)
+        self._history[cache] = new
+        for index, layer in self._layers(cache):
+            encoding = rotary.encodings[str(self._type_of(index))]
+            frequencies = (encoding.inv_freq, encoding.attention_scale)
+            self._rotations.setdefault(layer, {})[id(encoding)] = frequencies
 
-        def hook(module: nn.Module, args: tuple, output: Any) -> None:
-            cache = getattr(output, "past_key_values", None)
-            cache = self._cache if cache is None else cache
-            positions, self._cache = self._positions, None
-            if cache is None or positions is None:
-                return
-            old = self._history.get(cache)
-            new = positions.to("cpu", torch.long)
-            if old is not None and self._before:
-                old = old[:, : self._before]
-                batch = max(old.shape[0], new.shape[0])
-                new = torch.cat((old.expand(batch, -1), new.expand(batch, -1)), dim=-1)
-            self._history[cache] = new
-            for index, layer in self._layers(cache):
-                encoding = rotary.encodings[str(self._type_of(index))]
-                frequencies = (encoding.inv_freq, encoding.attention_scale)
-                self._rotations.setdefault(layer, {})[id(encoding)] = frequencies
 
-        return hook
+class TrackerPreHook:
+    """Base-model forward pre-hook (``with_kwargs=True``): finds the cache argument.
+
+    A callable object rather than a closure, so that a deep copy of the model gets hooks
+    that hold the copy's tracker and rotary module."""
+
+    def __init__(self, tracker: CacheTracker, signature: inspect.Signature, rotary: nn.Module):
+        self.tracker, self.signature, self.rotary = tracker, signature, rotary
+
+    def __call__(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        arguments = self.signature.bind_partial(*args, **kwargs).arguments
+        extra = arguments.get("kwargs", {})
+        cache = next(
+            (
+                found
+                for name in _CACHE_ARGUMENTS
+                for found in (arguments.get(name), extra.get(name))
+                if found is not None
+            ),
+            None,
+        )
+        self.tracker.start(cache, self.rotary)
+
+
+class TrackerPostHook:
+    """Base-model forward hook: records what the forward added to its cache."""
+
+    def __init__(self, tracker: CacheTracker, rotary: nn.Module) -> None:
+        self.tracker, self.rotary = tracker, rotary
+
+    def __call__(self, module: nn.Module, args: tuple, output: Any) -> None:
+        self.tracker.finish(output, self.rotary)

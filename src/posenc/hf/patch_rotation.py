@@ -1,0 +1,202 @@
+"""How ``posenc.hf.patch`` finds and replaces the rotation a transformers model calls.
+
+Shapes: ``B`` batch, ``H`` heads, ``T`` length, ``D`` head_dim, ``R`` rotary dim. An attention
+module of a transformers modeling file rotates q and k by calling one of that file's
+module-level functions (``apply_rotary_pos_emb``, ``apply_rotary_pos_emb_interleave``,
+``apply_rotary_emb`` ...) on the ``position_embeddings`` its decoder layer hands it. Releases
+change those functions (argument order, one tensor or two, complex ``freqs_cis``) and wrap
+``forward`` in decorators, so nothing here relies on a name list or on ``forward``'s code:
+
+* ``rotation_methods``: the methods of a module's class (decorators unwrapped) whose code
+  names a rotation function of the class's modeling module;
+* ``measure_rotation``: calls the real function once on the model's own tables and finds the
+  posenc layout that reproduces it (Su et al. 2021, "RoFormer", eq. 34: pairs ``(i, i + R/2)``,
+  pairs ``(2i, 2i + 1)``, or interleaved features rotated as halves, DeepSeek-V3's
+  ``rope_interleave``), raising when none does;
+* ``Rotation``: the replacement, called with the real function's arguments and posenc's tables;
+* ``rebind``: a copy of a (possibly decorated) method whose modeling-module globals map the
+  rotation names to replacements, wrappers rebuilt around it, nothing global changed.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import sys
+import types
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from posenc.encodings.rotary.apply import apply_rope
+
+__all__ = ["LAYOUTS", "Rotation", "measure_rotation", "rebind", "rotation_methods"]
+
+ROTATION_NAME = re.compile(r"^apply_rotary(_pos)?_emb(_interleave)?$")
+LAYOUTS = ("half", "interleaved", "deinterleave")
+_TENSORS = ("q", "k", "x", "tensor", "xq", "xk")
+_TABLES = (("cos", "sin"), ("freqs_cis",))
+
+
+def _cell(cell: types.CellType) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # an empty cell
+        return None
+
+
+def rotation_methods(cls: type) -> dict[str, tuple[str, ...]]:
+    """``{method name: rotation function names}`` for the methods of ``cls`` (and of its
+    bases from modeling files) whose code calls a rotation function of their module."""
+    found: dict[str, tuple[str, ...]] = {}
+    for klass in cls.__mro__:
+        module = sys.modules.get(klass.__module__)
+        if module is None or not klass.__module__.startswith("transformers."):
+            continue
+        rotations = {
+            name
+            for name, value in vars(module).items()
+            if ROTATION_NAME.match(name) and inspect.isfunction(value)
+        }
+        for name, value in vars(klass).items():
+            if name in found or not inspect.isfunction(value):
+                continue
+            names = rotations.intersection(inspect.unwrap(value).__code__.co_names)
+            if names:
+                found[name] = tuple(sorted(names))
+    return found
+
+
+def rebind(fn: types.FunctionType, replacements: Mapping[str, Callable]) -> types.FunctionType:
+    """``fn`` with ``replacements`` in its innermost globals; each decorator's wrapper is
+    rebuilt with its closure cell pointing at the rebuilt inner function."""
+    inner = getattr(fn, "__wrapped__", None)
+    cells = fn.__closure__ or ()
+    if inner is not None and any(_cell(c) is inner for c in cells):
+        new_inner = rebind(inner, replacements)
+        closure = tuple(types.CellType(new_inner) if _cell(c) is inner else c for c in cells)
+        new = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, closure)
+        new.__dict__.update(fn.__dict__)
+        new.__wrapped__ = new_inner
+    else:
+        namespace = {**fn.__globals__, **replacements}
+        new = types.FunctionType(fn.__code__, namespace, fn.__name__, fn.__defaults__, cells)
+        new.__dict__.update(fn.__dict__)
+    new.__kwdefaults__ = fn.__kwdefaults__
+    new.__qualname__ = fn.__qualname__
+    new.__doc__ = fn.__doc__
+    return new
+
+
+@dataclass
+class Rotation:
+    """posenc's stand-in for one rotation function (its signature, posenc's rotation).
+
+    Args:
+        signature: the real function's signature (arguments are bound by name).
+        layout: ``"half"``, ``"interleaved"`` or ``"deinterleave"`` (module docstring).
+        heads_axis: where the heads axis of q/k is when the function has no
+            ``unsqueeze_dim`` (1: ``[B, H, T, D]``; 2: ``[B, T, H, D]``).
+    """
+
+    signature: inspect.Signature
+    layout: str
+    heads_axis: int = 1
+    calls: int = field(default=0, compare=False)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        bound = self.signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        values = bound.arguments
+        cos, sin = _tables(values)
+        axis = values.get("unsqueeze_dim", self.heads_axis)
+        self.calls += 1
+        names = [n for n in values if n in _TENSORS]
+        out = [
+            None if values[n] is None else _rotate(values[n], cos, sin, axis, self.layout)
+            for n in names
+        ]
+        return out[0] if len(out) == 1 else tuple(out)
+
+
+def _tables(values: Mapping[str, Any]) -> tuple[Tensor, Tensor]:
+    if "freqs_cis" in values:
+        freqs = values["freqs_cis"]
+        return freqs.real, freqs.imag
+    return values["cos"], values["sin"]
+
+
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor, axis: int, layout: str) -> Tensor:
+    """``x`` rotated in ``layout`` by posenc's tables ``[B, T, R/2]``; heads at ``axis``."""
+    if axis == 2:
+        x = x.transpose(1, 2)
+    if layout == "deinterleave":  # (x0, x1, x2, x3 ...) -> (x0, x2, ..., x1, x3, ...)
+        shape = x.shape
+        x = x.unflatten(-1, (shape[-1] // 2, 2)).transpose(-1, -2).reshape(shape)
+    out = apply_rope(x, cos, sin, interleaved=layout == "interleaved")
+    return out.transpose(1, 2) if axis == 2 else out
+
+
+def _call_real(
+    fn: Callable, signature: inspect.Signature, q: Tensor, k: Tensor, tables: Any
+) -> Any:
+    names = list(signature.parameters)
+    args: dict[str, Any] = {}
+    tensors = [n for n in names if n in _TENSORS]
+    for name, value in zip(tensors, (q, k), strict=False):
+        args[name] = value
+    table_names = next((t for t in _TABLES if all(n in names for n in t)), None)
+    if table_names is None:
+        raise ValueError(f"no cos/sin or freqs_cis arguments in {signature}")
+    if len(table_names) == 1:
+        args[table_names[0]] = tables
+    else:
+        args["cos"], args["sin"] = tables
+    return fn(**args)
+
+
+def measure_rotation(
+    fn: Callable, real_tables: Any, cos: Tensor, sin: Tensor, *, complex_tables: bool
+) -> Rotation:
+    """The ``Rotation`` that reproduces ``fn`` on the model's own tables.
+
+    Args:
+        fn: the modeling file's rotation function.
+        real_tables: what the model's ``rotary_emb`` returned for positions ``[[0, 1, 2]]``,
+            in the order the attention module unpacks it (``(cos, sin)``, ``(sin, cos)`` or
+            a complex ``freqs_cis``).
+        cos, sin: posenc's tables for the same positions, ``[1, 3, R/2]`` (float32).
+        complex_tables: ``real_tables`` is one complex tensor.
+
+    Raises:
+        ValueError: no posenc layout reproduces ``fn`` (its name and the error given).
+    """
+    signature = inspect.signature(fn)
+    width = 2 * cos.shape[-1]
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 2, cos.shape[-2], width, generator=generator, device="cpu")
+    k = torch.randn(1, 2, cos.shape[-2], width, generator=generator, device="cpu")
+    tables = real_tables
+    if not complex_tables:
+        tables = tuple(t.to("cpu", torch.float32) for t in real_tables)
+    else:
+        tables = real_tables.to("cpu", torch.complex64)
+    tolerance = 64 * torch.finfo(torch.float32).eps * max(1.0, float(cos.abs().max()))
+    errors = []
+    for axis in (1, 2):
+        qa, ka = (q, k) if axis == 1 else (q.transpose(1, 2), k.transpose(1, 2))
+        try:
+            expected = _call_real(fn, signature, qa, ka, tables)
+        except Exception as exc:  # a layout the function cannot take
+            errors.append(f"{type(exc).__name__}: {exc}")
+            continue
+        first = expected[0] if isinstance(expected, tuple) else expected
+        for layout in LAYOUTS:
+            got = _rotate(qa, cos.float(), sin.float(), axis, layout)
+            if got.shape == first.shape and (got - first).abs().max() <= tolerance:
+                return Rotation(signature, layout, axis)
+        errors.append(f"heads at axis {axis}: no layout of {LAYOUTS} matches")
+    raise ValueError(f"{fn.__name__}{signature}: {'; '.join(errors)}")
