@@ -28,7 +28,10 @@ The variants (``AxialRope`` arguments; the families in ``posenc.hf.schemes``):
   complex ``freqs_ci``, SAM3, Inkling2), or ``"per_axis"``: each axis its own half-split
   block of ``S`` features, ``(bS + i, bS + S/2 + i)`` (Gemma 4's multidimensional RoPE);
 * ``axis_dim``: ``S`` smaller than ``D / A`` leaves features ``R..D-1`` unrotated
-  (MiniMax-M3-VL's ``(t, y, x)`` RoPE on ``3 * 2 floor(D / 6)`` features).
+  (MiniMax-M3-VL's ``(t, y, x)`` RoPE on ``3 * 2 floor(D / 6)`` features); one size per
+  axis, ``(S_0, .., S_{A-1})``, gives axis ``b`` a block of ``S_b`` features with
+  ``f = base ** (-2i / S_b)`` (the diffusion transformers' axes RoPE: Flux's ``(16, 56,
+  56)``, Wan's ``(D - 4 floor(D/6), 2 floor(D/6), 2 floor(D/6))``; ``posenc.diffusers``).
 
 So ``<R_p q, R_p' k>`` depends on ``p - p'`` only, per axis. ``axial_positions`` builds the
 ``[N, 2]`` indices of a grid (row-major, or in the ``m x m`` merge blocks of the Qwen-VL
@@ -75,21 +78,44 @@ def _axis_dim(head_dim: int, axes: int, axis_dim: int | None) -> int:
     return axis_dim
 
 
+def _axis_dims(head_dim: int, axes: int, axis_dim: int | Sequence[int] | None) -> tuple[int, ...]:
+    """``(S_0, .., S_{A-1})``: ``axis_dim`` per axis (one int for all, or one per axis, each
+    even, summing to at most ``D``)."""
+    if axis_dim is None or not isinstance(axis_dim, Sequence) or isinstance(axis_dim, str):
+        return (_axis_dim(head_dim, axes, axis_dim),) * check_int("axes", axes)
+    head_dim = check_int("head_dim", head_dim)
+    dims = tuple(check_int(f"axis_dim[{i}]", s) for i, s in enumerate(axis_dim))
+    if len(dims) != axes or any(s % 2 for s in dims) or sum(dims) > head_dim:
+        raise ValueError(
+            f"axis_dim must be {axes} even sizes summing to at most head_dim={head_dim}, "
+            f"got {list(axis_dim)}"
+        )
+    return dims
+
+
 def axial_pairs(
-    head_dim: int, *, axes: int = 2, axis_dim: int | None = None, cyclic: bool = False
+    head_dim: int,
+    *,
+    axes: int = 2,
+    axis_dim: int | Sequence[int] | None = None,
+    cyclic: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """``(block, index)`` ``[P]`` int64: the axis block of each pair and its frequency index
-    (contiguous blocks of ``S/2`` pairs, or ``p % A`` and ``p // A`` when ``cyclic``).
+    (contiguous blocks of ``S_b/2`` pairs, or ``p % A`` and ``p // A`` when ``cyclic``).
 
     Raises:
-        ValueError: see ``axial_inv_freq``.
+        ValueError: see ``axial_inv_freq``; ``cyclic`` with unequal axis sizes.
     """
-    axes = check_int("axes", axes)
-    half = _axis_dim(head_dim, axes, axis_dim) // 2
-    pair = torch.arange(axes * half)
+    dims = _axis_dims(head_dim, axes, axis_dim)
     if cyclic:
+        if len(set(dims)) != 1:
+            raise ValueError(f"cyclic pairs need equal axis sizes, got axis_dim={list(dims)}")
+        pair = torch.arange(axes * (dims[0] // 2))
         return pair % axes, pair // axes
-    return pair // half, pair % half
+    halves = torch.tensor(dims) // 2
+    block = torch.repeat_interleave(torch.arange(axes), halves)
+    starts = torch.cumsum(halves, 0) - halves
+    return block, torch.arange(len(block)) - starts[block]
 
 
 def axial_inv_freq(
@@ -98,7 +124,7 @@ def axial_inv_freq(
     base: float,
     frequencies: str = "shared",
     axes: int = 2,
-    axis_dim: int | None = None,
+    axis_dim: int | Sequence[int] | None = None,
     cyclic: bool = False,
 ) -> Tensor:
     """Per-pair frequencies ``[P]`` float64 (for the defaults: ``f_y`` for pairs ``< D/4``,
@@ -112,11 +138,13 @@ def axial_inv_freq(
     if frequencies not in FREQUENCIES:
         raise ValueError(f"unknown frequencies {frequencies!r}; known: {', '.join(FREQUENCIES)}")
     block, index = axial_pairs(head_dim, axes=axes, axis_dim=axis_dim, cyclic=cyclic)
-    size = 2.0 * len(index) / axes  # S
+    dims = torch.tensor(_axis_dims(head_dim, axes, axis_dim), dtype=torch.float64)
     if frequencies == "shared":
-        exponent = 2.0 * index.double() / size
+        exponent = 2.0 * index.double() / dims[block]
+    elif len(set(dims.tolist())) != 1:
+        raise ValueError(f"alternating frequencies need equal axis sizes, got {dims.tolist()}")
     else:  # the RoPE frequencies of R dealt to the axes in turn
-        exponent = 2.0 * (axes * index + block).double() / (axes * size)
+        exponent = 2.0 * (axes * index + block).double() / (axes * dims[0])
     return torch.tensor(base, dtype=torch.float64) ** -exponent
 
 
@@ -175,7 +203,8 @@ class AxialRope(PositionalEncoding):
             ``range(A)``; its length is ``A`` (default ``(0, 1)``).
         cyclic: pairs cycle through the axis blocks instead of contiguous blocks.
         pairs: ``"half"``, ``"interleaved"`` or ``"per_axis"`` (see the module docstring).
-        axis_dim: ``S``, features per axis (default ``D / A``); ``A S < D`` is partial.
+        axis_dim: ``S``, features per axis (default ``D / A``); ``A S < D`` is partial; or
+            one size per axis (blocks only: not with ``cyclic`` or ``"alternating"``).
 
     Raises:
         ValueError: see ``axial_inv_freq``; negative ``num_prefix_tokens``; ``axis_order``
@@ -195,7 +224,7 @@ class AxialRope(PositionalEncoding):
         axis_order: Sequence[int] = (0, 1),
         cyclic: bool = False,
         pairs: str = "half",
-        axis_dim: int | None = None,
+        axis_dim: int | Sequence[int] | None = None,
     ) -> None:
         super().__init__()
         order = tuple(axis_order) if isinstance(axis_order, Sequence) else ()
@@ -212,8 +241,10 @@ class AxialRope(PositionalEncoding):
         self._axis = torch.tensor(order)[block]  # the coordinate of each pair
         self.head_dim, self.base, self.frequencies = head_dim, float(base), frequencies
         self.axis_order, self.cyclic, self.pairs = order, cyclic, pairs
-        self.axis_dim = _axis_dim(head_dim, axes, axis_dim)
-        self.rotary_dim = axes * self.axis_dim
+        self.axis_dims = _axis_dims(head_dim, axes, axis_dim)
+        equal = len(set(self.axis_dims)) == 1
+        self.axis_dim = self.axis_dims[0] if equal else self.axis_dims
+        self.rotary_dim = sum(self.axis_dims)
         self.num_prefix_tokens = check_int("num_prefix_tokens", num_prefix_tokens, minimum=0)
 
     @property
@@ -278,11 +309,12 @@ class AxialRope(PositionalEncoding):
         """Rotate ``x [B, H, N, D]`` by ``cos``/``sin`` ``[B|., N, P]`` in the pair layout."""
         if self.pairs != "per_axis":
             return apply_rope(x, cos, sin, interleaved=self.pairs == "interleaved")
-        size, half, parts = self.axis_dim, self.axis_dim // 2, []
-        for block in range(self.axes):
-            pairs = slice(block * half, (block + 1) * half)
-            features = x[..., block * size : (block + 1) * size]
+        start, parts = 0, []
+        for size in self.axis_dims:
+            pairs = slice(start // 2, (start + size) // 2)
+            features = x[..., start : start + size]
             parts.append(apply_rope(features, cos[..., pairs], sin[..., pairs]))
+            start += size
         return torch.cat((*parts, x[..., self.rotary_dim :]), dim=-1)
 
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
