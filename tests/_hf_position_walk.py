@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import re
 from pathlib import Path
 from types import ModuleType
@@ -160,3 +161,10 @@ def _tiny_fields(cls) -> dict[str, object]:
     a list per stage, for one)."""
     defaults = cls().to_dict()
     return {k: v for k, v in TINY.items() if k in defaults and type(defaults[k]) is type(v)}
+
+
+def past(module, length: int) -> dict[str, int]:
+    """A cached length as the position module's forward names it (``cache_length`` from
+    transformers 5.24, ``past_key_values_length`` before)."""
+    params = inspect.signature(module.forward).parameters
+    return {"cache_length" if "cache_length" in params else "past_key_values_length": length}

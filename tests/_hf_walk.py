@@ -73,6 +73,8 @@ QWEN3_OMNI_TEXT = {
 CONFIG_FIELDS = {
     "glm4_moe": {"head_dim": 128},  # GLM-4.5: 4096 / 96 heads is not its head dim
     "esm": {"position_embedding_type": "rotary"},  # ESM-2 (the default is absolute)
+    # GPT-J and CodeGen keep a sin/cos table of n_positions rows: room for the offset
+    **{name: {"n_positions": OFFSET + 2 * LENGTH} for name in ("gptj", "codegen")},
     "llama4/Llama4VisionRotaryEmbedding": {"image_size": 56, "patch_size": 14},  # 4 x 4 patches
     # DeepSeek-V4 with each of its layer types (the default has no sliding-window layer)
     "deepseek_v4": {
@@ -294,6 +296,18 @@ def hf_config(case: RotaryCase):
     return hf_configs(case)[0]
 
 
+def not_in_table(case: RotaryCase) -> str | None:
+    """The case's ``model_type`` when posenc's family table lacks it (a family new in the
+    installed release: ``from_hf_config`` refuses it by name), else None."""
+    config = hf_config(case)[0]
+    try:
+        config_family(config)
+    except ValueError as exc:
+        if "unknown model_type" in str(exc):
+            return str(getattr(config, "model_type", None))
+    return None
+
+
 _CALL = re.compile(r"\b(apply_\w*rot\w*)\(")
 
 
@@ -343,6 +357,8 @@ def hf_rotate(case: RotaryCase, config, q, k, positions, layer_type):
             q_hf, k_hf = apply(q.transpose(1, 2), k.transpose(1, 2), out)
             return q_hf.transpose(1, 2), k_hf.transpose(1, 2)
         return apply(q, k, out)
+    if list(inspect.signature(apply).parameters) == ["tensor", "sin", "cos"]:
+        return _rotate_gptj(apply, q, k, *out)  # GPT-J, CodeGen (transformers >= 5.24)
     cos, sin = out
     if len(inspect.signature(apply).parameters) == 4:  # one tensor at a time (Gemma 3n)
         return apply(q, cos, sin), apply(k, cos, sin)
@@ -352,6 +368,18 @@ def hf_rotate(case: RotaryCase, config, q, k, positions, layer_type):
         width = cos.shape[-1]
         q_rot, k_rot = apply(q[..., :width], k[..., :width], cos, sin)
         return torch.cat([q_rot, q[..., width:]], -1), torch.cat([k_rot, k[..., width:]], -1)
+
+
+def _rotate_gptj(apply, q, k, sin, cos):
+    """GPT-J's ``apply_rotary_pos_emb(tensor [B, T, H, R], sin, cos)`` on the first ``R``
+    features (its attention module passes the rotated part), tables ``[B, T, R/2]``."""
+    width = 2 * sin.shape[-1]
+
+    def rotate(x):
+        part = apply(x[..., :width].transpose(1, 2), sin, cos).transpose(1, 2)
+        return torch.cat([part, x[..., width:]], -1)
+
+    return rotate(q), rotate(k)
 
 
 @dataclass

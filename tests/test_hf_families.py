@@ -99,6 +99,9 @@ def coverage_text() -> tuple[int, int]:
 def test_family_matches_transformers(case_id):
     if case_id in UNSUPPORTED:
         pytest.skip(UNSUPPORTED[case_id])
+    new = walk.not_in_table(CASES[case_id])
+    if new:  # reported, not failed: a known family whose numbers change fails instead
+        pytest.skip(f"model_type {new!r} is not in the table (new in transformers)")
     outcome = walk.run_case(CASES[case_id])
     assert outcome.error <= 1.0, (
         f"{case_id}: posenc differs from transformers by {outcome.error:.3g} tolerances "

@@ -295,22 +295,22 @@ def _call(module, ids: torch.Tensor, mask: torch.Tensor):
     params = inspect.signature(module.forward).parameters
     new = ids[:, OFFSET:]
     if "attention_mask" in params:  # OPT, BioGPT: positions count real tokens
-        out = module(mask.long(), past_key_values_length=OFFSET)
+        out = module(mask.long(), **walk.past(module, OFFSET))
         return out, positions_skipping_padding(mask)[:, OFFSET:]
     if "input_ids_shape" in params:
-        out = module(new.shape, past_key_values_length=OFFSET)
+        out = module(new.shape, **walk.past(module, OFFSET))
     elif "inputs_embeds" in params and "input_ids" not in params:  # MusicGen melody, PEGASUS-X
-        out = module(torch.zeros(*new.shape, C), past_key_values_length=OFFSET)
+        out = module(torch.zeros(*new.shape, C), **walk.past(module, OFFSET))
     elif "position_ids" in params and "input_ids" not in params:  # XGLM: the model's ids
         positions = torch.arange(OFFSET, OFFSET + new.shape[1]).expand(2, -1)
-        return module(positions, past_key_values_length=OFFSET), positions
+        return module(positions, **walk.past(module, OFFSET)), positions
     elif getattr(module, "padding_idx", None) is not None:  # fairseq: counts real tokens
-        out = module(new, past_key_values_length=OFFSET)
+        out = module(new, **walk.past(module, OFFSET))
         return out, positions_skipping_padding(new != PAD, past=OFFSET)
     elif "musicgen" in type(module).__module__:
-        out = module(new[:, None], past_key_values_length=OFFSET)  # [B, codebooks, T]
+        out = module(new[:, None], **walk.past(module, OFFSET))  # [B, codebooks, T]
     else:
-        out = module(new, past_key_values_length=OFFSET)
+        out = module(new, **walk.past(module, OFFSET))
     return out, torch.arange(OFFSET, OFFSET + new.shape[1]).expand(2, -1)
 
 

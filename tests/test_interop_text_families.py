@@ -77,7 +77,8 @@ def test_whisper_stacks_equal_the_encoder_and_decoder_tables():
     assert isinstance(decoder, LearnedPositionalEncoding)
     ids = torch.randint(3, 99, (2, T))
     with torch.no_grad():
-        theirs = model.decoder.embed_positions(ids, past_key_values_length=OFFSET)
+        table = model.decoder.embed_positions
+        theirs = table(ids, **walk.past(table, OFFSET))
         ours = decoder.encoding(torch.arange(OFFSET, OFFSET + T))
     torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
 
@@ -168,7 +169,7 @@ def test_roformer_rotation_equals_its_sinusoidal_rotary():
     table = module.RoFormerSinusoidalPositionalEmbedding(cfg.max_position_embeddings, head_dim)
     with torch.no_grad():
         table.weight.copy_(table.create_weight())
-        sinusoidal_pos = table((1, T), past_key_values_length=OFFSET)[None, None]  # [1, 1, T, D]
+        sinusoidal_pos = table((1, T), **walk.past(table, OFFSET))[None, None]  # [1, 1, T, D]
     q = torch.randn(2, cfg.num_attention_heads, T, head_dim)
     k = torch.randn(2, cfg.num_attention_heads, T, head_dim)
     apply = module.RoFormerSelfAttention.apply_rotary_position_embeddings

@@ -95,8 +95,9 @@ GPTJ = Family(
 
 _HALF_SPLIT = """
 afmoe apertus arcee aria_text bamba bitnet chameleon csm cwm deepseek_ocr2_text diffllama
-doge dots1 dots3_note_audio_encoder eurobert exaone4 exaone_moe falcon
-falcon_h1 flex_olmo flint gemma gemma2 gpt_neox gpt_neox_japanese gradium_phonon_tts granite
+doge dots1 dots3_note_audio_encoder eurobert exaone4 exaone_moe falcon apertus1p5_text
+falcon_h1 flex_olmo flint lara_mini gemma gemma2 gpt_neox gpt_neox_japanese gradium_phonon_tts
+granite
 granite4_vision_text granite_docling_text granitemoe granitemoehybrid granitemoeshared gte
 higgs_audio_v2 hrm_text hunyuan_v1_dense hunyuan_v1_moe hy_v3 hyperclovax idefics jais2
 jina_embeddings_v3 kolibri1 kyutai_speech_to_text laguna lasr_encoder lfm2 lfm2_moe llama
