@@ -11,7 +11,9 @@ Two named corpora exist offline on a stock machine:
 Files are sorted by name, every tenth file (index ``% 10 == 5``) held out for
 evaluation, the rest for training. Any UTF-8 text file or folder can replace them
 (``--corpus PATH``): a folder is split by file the same way when it has at least two
-files, a single file by bytes (the last tenth held out).
+files, a single file by bytes (the last tenth held out). Held-out files that repeat the
+training text are dropped and the overlap of the rest is measured
+(``posenc.lab.heldout``).
 
 Tokens are bytes (vocabulary 256); a ``Corpus`` holds ``uint8`` tensors and records
 which files it read and the sha256 of their names and contents, so a result names its
@@ -27,6 +29,8 @@ from pathlib import Path
 
 import torch
 from torch import Tensor
+
+from posenc.lab.heldout import clean_split
 
 __all__ = ["CORPORA", "FORTUNES", "HELD_OUT_EVERY", "Corpus", "load_corpus", "stdlib_corpus"]
 
@@ -51,6 +55,8 @@ class Corpus:
         train_files: training file names, in order.
         heldout_files: held-out file names, in order.
         sha256: hash of every file name and content, in order.
+        heldout_bounds: ``(start, end)`` of each held-out file in ``heldout``.
+        cleanliness: the overlap record of ``posenc.lab.heldout.clean_split``.
     """
 
     train: Tensor
@@ -60,6 +66,8 @@ class Corpus:
     train_files: tuple[str, ...]
     heldout_files: tuple[str, ...]
     sha256: str
+    heldout_bounds: tuple[tuple[int, int], ...]
+    cleanliness: dict[str, object]
 
     def describe(self) -> dict[str, object]:
         """JSON-ready provenance: files, sizes and hash (not the bytes)."""
@@ -71,6 +79,7 @@ class Corpus:
             "heldout_bytes": int(self.heldout.numel()),
             "train_files": list(self.train_files),
             "heldout_files": list(self.heldout_files),
+            "heldout": self.cleanliness,
         }
 
 
@@ -167,22 +176,28 @@ def _from_files(root: Path, files: list[Path], *, source: str) -> Corpus:
         held = {i for i in range(len(contents)) if i % HELD_OUT_EVERY == HELD_OUT_EVERY // 2}
         held = held or {len(contents) - 1}
         train = [c for i, c in enumerate(contents) if i not in held]
-        heldout = [c for i, c in enumerate(contents) if i in held]
+        heldout, cleanliness = clean_split(train, [c for i, c in enumerate(contents) if i in held])
         train_bytes = _SEPARATOR.join(data for _, data in train)
-        heldout_bytes = _SEPARATOR.join(data for _, data in heldout)
     else:
-        data = contents[0][1]
+        name, data = contents[0]
         cut = len(data) - len(data) // HELD_OUT_EVERY
-        train, heldout = contents, contents
-        train_bytes, heldout_bytes = data[:cut], data[cut:]
+        train, heldout = contents, [(name, data[cut:])]
+        train_bytes = data[:cut]
+        cleanliness = clean_split([(name, train_bytes)], heldout, drop=False)[1]
+    bounds, start = [], 0
+    for _, data in heldout:
+        bounds.append((start, start + len(data)))
+        start += len(data) + len(_SEPARATOR)
     return Corpus(
         train=_as_tensor(train_bytes),
-        heldout=_as_tensor(heldout_bytes),
+        heldout=_as_tensor(_SEPARATOR.join(data for _, data in heldout)),
         source=source,
         root=str(root),
         train_files=tuple(name for name, _ in train),
         heldout_files=tuple(name for name, _ in heldout),
         sha256=digest.hexdigest(),
+        heldout_bounds=tuple(bounds),
+        cleanliness=cleanliness,
     )
 
 

@@ -17,7 +17,15 @@ from rich.table import Table
 from posenc.lab import stats
 from posenc.lab.plots import figure_names
 
-__all__ = ["conclusions", "markdown", "print_table", "steps_to_learn", "table_cells"]
+__all__ = [
+    "conclusions",
+    "contamination",
+    "heldout_text",
+    "markdown",
+    "print_table",
+    "steps_to_learn",
+    "table_cells",
+]
 
 _METRIC_TITLE = {
     "ppl": "per-byte perplexity on held-out text (lower is better)",
@@ -96,6 +104,45 @@ def _precision(results: dict) -> str | None:
     )
 
 
+def contamination(data: dict) -> str | None:
+    """The warning when the held-out text still overlaps the training text above the
+    threshold (``posenc.lab.heldout``), else ``None``."""
+    clean = data.get("heldout")
+    if not clean or not clean["contaminated"]:
+        return None
+    return (
+        f"{100 * clean['overlap']:.1f} % of the held-out {clean['ngram']}-byte windows occur "
+        f"verbatim in the training text (threshold {100 * clean['warn']:g} %): held-out "
+        "perplexity partly measures memorised text; de-duplicate the corpus"
+    )
+
+
+def heldout_text(data: dict) -> list[str]:
+    """How clean the held-out text is and where the evaluation segments come from."""
+    clean, segments = data.get("heldout"), data.get("segments")
+    lines = []
+    if clean:
+        dropped = clean["dropped"]
+        names = f" ({', '.join(dropped)})" if dropped else ""
+        lines.append(
+            f"Held-out text: {len(dropped)} held-out file{'s' * (len(dropped) != 1)} dropped as "
+            f"near-duplicates of training text ({100 * clean['duplicate']:g} % or more of their "
+            f"{clean['ngram']}-byte windows in it){names}; {100 * clean['overlap']:.2f} % of the "
+            f"remaining held-out {clean['ngram']}-byte windows occur verbatim in the training "
+            f"text ({100 * clean['overlap_before']:.2f} % before dropping)."
+        )
+    if segments:
+        lines.append(
+            f"Evaluation text: {segments['count']} segments of {segments['length']} bytes from "
+            f"{segments['files']} held-out file{'s' * (segments['files'] != 1)}, at most "
+            f"{segments['cap']} from one file."
+        )
+    warning = contamination(data)
+    if warning:
+        lines.append(f"**Warning: {warning}.**")
+    return lines
+
+
 def _title(results: dict) -> str:
     config = results["config"]
     seeds = len(results["seeds"])
@@ -117,6 +164,9 @@ def print_table(results: dict, console: Console) -> None:
     learning = steps_to_learn(results)
     if learning is not None:
         console.print(learning)
+    warning = contamination(results["data"])
+    if warning:
+        console.print(f"[bold red]WARNING: {warning}[/bold red]")
     if results.get("quick"):
         console.print(f"[bold]{SMOKE}[/bold]")
 
@@ -197,6 +247,7 @@ def markdown(results: dict) -> str:
             f"{len(data['heldout_files'])} held-out files, {data['heldout_bytes']} held-out "
             f"bytes), sha256 `{data['sha256']}`."
         )
+        lines += heldout_text(data)
     finished = sum(run["status"] == "ok" for run in results["runs"])
     if results["status"] == "empty" or finished == 0:
         lines += ["", f"**No run finished** (sweep {results['status']}): nothing to report.", ""]

@@ -150,6 +150,9 @@ def run_lab(
         runs = context.share(runs)
         if context.is_main:
             _say_what_is_held(console, config, runs)
+            warning = report.contamination(work.data)
+            if warning:
+                console.print(f"[bold red]WARNING: {warning}[/bold red]")
         todo = [(n, s) for s in config.seeds for n in config.encodings if (n, s) not in runs]
         local = context
         if _spread(context, config) or jobs > 1:  # parallel: the long runs first

@@ -134,6 +134,8 @@ class Runner:
             "identity": self.identity,
             "environment": run_environment(context, self.work.dtype),
         }
+        if "heldout" in self.work.data:  # the overlap of its evaluation text (text only)
+            record["heldout"] = self.work.data["heldout"]
         start = time.perf_counter(), time.process_time()
         torch.manual_seed(seed)
         try:

@@ -16,9 +16,9 @@ import torch
 from torch import nn
 
 from posenc.lab.config import LabConfig
-from posenc.lab.corpus import load_corpus
+from posenc.lab.corpus import Corpus, load_corpus
 from posenc.lab.distributed import Context
-from posenc.lab.evaluate import accuracy, perplexity, segment_count
+from posenc.lab.evaluate import accuracy, perplexity, segment_starts
 from posenc.lab.precision import resolve_precision
 from posenc.lab.tasks import Task
 from posenc.lab.train import TaskStream, TextWindows
@@ -71,9 +71,10 @@ def make_workload(config: LabConfig, context: Context) -> Workload:
             dtype=dtype,
         )
     corpus = load_corpus(config.corpus)
-    _text_score = _text_scores(config, context, dtype)
+    _text_score = _text_scores(config, context, dtype, corpus.heldout_bounds)
     reserve = 0 if config.eval_stride is None else longest  # context before sliding windows
-    if segment_count(corpus.heldout.numel() - reserve, longest, config.eval_tokens) == 0:
+    bounds = corpus.heldout_bounds
+    if segment_starts(bounds, longest, config.eval_tokens, pad=reserve).numel() == 0:
         raise ValueError(
             f"the held-out part of corpus {corpus.source!r} has {corpus.heldout.numel()} bytes, "
             f"too few for one window of evaluation length {longest}"
@@ -86,7 +87,7 @@ def make_workload(config: LabConfig, context: Context) -> Workload:
     return Workload(
         metric="ppl",
         vocab_size=256,
-        data=corpus.describe(),
+        data={**corpus.describe(), "segments": _segments(corpus, longest, config.eval_tokens)},
         sha256=corpus.sha256,
         sampler=lambda length, seed: TextWindows(corpus.train, length, seed),
         evaluate=lambda model, length, seed: _text_score(model, corpus.heldout, length),
@@ -94,8 +95,26 @@ def make_workload(config: LabConfig, context: Context) -> Workload:
     )
 
 
+def _segments(corpus: Corpus, longest: int, max_tokens: int) -> dict[str, object]:
+    """Where the evaluation segments (whole windows) come from: their count, the files
+    that supplied them and the most any one file supplied."""
+    starts = segment_starts(corpus.heldout_bounds, longest, max_tokens).tolist()
+    per_file: dict[str, int] = {}
+    for name, (start, end) in zip(corpus.heldout_files, corpus.heldout_bounds, strict=True):
+        count = sum(start <= s < end for s in starts)
+        if count:
+            per_file[name] = count
+    return {
+        "count": len(starts),
+        "length": longest,
+        "files": len(per_file),
+        "cap": max(per_file.values()),
+        "per_file": per_file,
+    }
+
+
 def _text_scores(
-    config: LabConfig, context: Context, dtype: torch.dtype
+    config: LabConfig, context: Context, dtype: torch.dtype, bounds
 ) -> Callable[..., dict[str, object]]:
     """Scores at one length: perplexity (with the loss by position at the longest
     length) and, with ``eval_stride``, sliding-window perplexity under ``"sliding"``."""
@@ -111,6 +130,7 @@ def _text_scores(
                 max_tokens=config.eval_tokens,
                 context=context,
                 dtype=dtype,
+                bounds=bounds,
                 **options,
             )
 
