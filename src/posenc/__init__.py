@@ -33,6 +33,7 @@ from posenc.encodings import (
     T5RelativeBias,
     XPos,
     YarnScaling,
+    alibi_bias,
     alibi_slopes,
     apply_rope,
     axial_positions,
@@ -87,6 +88,7 @@ __all__ = [
     "XPos",
     "YarnScaling",
     "__version__",
+    "alibi_bias",
     "alibi_slopes",
     "apply_rope",
     "available",
@@ -108,3 +110,22 @@ __all__ = [
     "sinusoidal_table",
     "t5_relative_position_bucket",
 ]
+
+#: Submodules reached as attributes after ``import posenc`` (imported on first use: they
+#: pull in matplotlib, the lab's training loop or the benchmark harness).
+_LAZY_SUBMODULES = frozenset(
+    {"analysis", "bench", "explain", "extend", "lab", "reference", "triton", "viz"}
+)
+
+
+def __getattr__(name: str) -> object:
+    """Import ``posenc.viz``, ``posenc.lab``, ``posenc.analysis``, ... on first access."""
+    if name in _LAZY_SUBMODULES:
+        import importlib
+
+        return importlib.import_module(f"posenc.{name}")
+    raise AttributeError(f"module 'posenc' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY_SUBMODULES})

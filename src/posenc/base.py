@@ -10,6 +10,7 @@ INPUT    ``embed(x [B, T, C], positions) -> [B, T, C]``               sinusoidal
 QK       ``rotate(q [B, H, Tq, D], k [B, Hkv, Tk, D], q_pos, k_pos)`` RoPE, xPos
 SCORE    ``score_bias(q, k, q_pos, k_pos) -> [B|1, H, Tq, Tk]``       ALiBi, T5, FIRE, CoPE
 VALUE    ``value_term(probs [B, H, Tq, Tk], q_pos, k_pos) -> [B, H, Tq, D]``  Shaw (values)
+WEIGHTS  ``gates(x [B, T, C], past)``, ``weights(q, k, q_pos, k_pos, ...)``  FoX, stick-breaking
 ======== ============================================================ =====================
 
 Positions are explicit tensors of shape ``[T]`` or ``[B, T]`` (integer or float, never
@@ -19,6 +20,11 @@ bf16/fp16), except for the encodings that declare structured positions
 for KV-cache decoding ``rotate`` sees only the new keys (cached keys are stored already
 rotated), while ``score_bias`` and ``value_term`` see every cached key (``k`` expanded
 to ``H`` heads) and may be called once per query block.
+
+WEIGHTS encodings compute the attention weights themselves (data-dependent attention:
+forget gates, stick-breaking) from ``q``, ``k`` and per-token *gates* that ``gates``
+computes from the layer's input ``x`` (cached beside the keys); ``weights`` replaces the
+scaled dot product and the softmax (``posenc.attention_blocks.weights_block``).
 """
 
 from __future__ import annotations
@@ -53,10 +59,12 @@ class Site(enum.Flag):
     QK = enum.auto()
     SCORE = enum.auto()
     VALUE = enum.auto()
+    WEIGHTS = enum.auto()
 
     def names(self) -> list[str]:
         """Lower-case names of the member sites, in hook order."""
-        return [s.name.lower() for s in (Site.INPUT, Site.QK, Site.SCORE, Site.VALUE) if s & self]
+        order = (Site.INPUT, Site.QK, Site.SCORE, Site.VALUE, Site.WEIGHTS)
+        return [s.name.lower() for s in order if s & self]
 
 
 #: The positions an encoding's hooks may take (``PositionalEncoding.position_shape``):
@@ -97,7 +105,82 @@ class PositionalEncoding(nn.Module):
     sites: ClassVar[Site] = Site.NONE
     causal_only: ClassVar[bool] = False
     offset_only: ClassVar[bool] = False
+    positional_bias: ClassVar[bool] = False
     position_shape: ClassVar[str] = "[T]"
+
+    def forward(
+        self, q: Tensor, k: Tensor, positions: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """The call of every encoding that acts on queries and keys (QK site):
+        ``enc(q, k, positions=None) -> (q, k)`` for ``q [B, H, Tq, D]``, ``k [B, Hkv, Tk, D]``.
+
+        ``positions`` are shared by ``q`` and ``k`` (``Tq == Tk``), shaped as the encoding's
+        ``position_shape``; None means token indices ``0..Tk-1``, the queries being the last
+        ``Tq`` of them (not available for patch coordinates ``[N, A]``). Score biases are
+        asked for with ``bias`` (``score_bias`` for content-dependent ones).
+
+        Raises:
+            TypeError: the encoding does not act on queries and keys (the message says what
+                to call instead).
+            ValueError: ``q``/``k`` not 4-D; ``Tq != Tk`` with positions, ``Tq > Tk``
+                without; no positions for an encoding that needs them; see ``rotate``.
+        """
+        name = type(self).__name__
+        if not self.sites & Site.QK:
+            sites = "|".join(self.sites.names()) or "none"
+            raise TypeError(
+                f"{name} does not transform queries and keys (sites: {sites}); "
+                + _other_calls(self)
+            )
+        for label, x in (("q", q), ("k", k)):
+            if not isinstance(x, Tensor) or x.dim() != 4:
+                shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+                raise ValueError(f"{label} must be a 4-D tensor [B, H, T, D], got {shape}")
+        t_q, t_k = q.shape[-2], k.shape[-2]
+        if positions is not None:
+            if t_q != t_k:
+                raise ValueError(f"positions are shared, but q has T={t_q} and k has T={t_k}")
+            return self.rotate(q, k, positions, positions)
+        if self.position_shape == "[N, A]":
+            raise ValueError(f"{name} needs positions {self.position_shape} (patch coordinates)")
+        if t_q > t_k:
+            raise ValueError(f"q is longer than k ({t_q} > {t_k}); pass positions")
+        k_pos = torch.arange(t_k, device=k.device)
+        return self.rotate(q, k, k_pos[t_k - t_q :], k_pos)
+
+    def bias(
+        self,
+        q_len: int,
+        k_len: int | None = None,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ) -> Tensor:
+        """SCORE site without queries and keys: the bias ``[1, H, Tq, Tk]`` of keys at
+        ``0..Tk-1`` and queries at the last ``Tq`` of them (``k_len`` defaults to ``q_len``),
+        for encodings whose bias depends on positions only (``offset_only`` or
+        ``positional_bias``: ALiBi, T5, KERPLE, Sandwich, FIRE). ``device`` defaults to the
+        encoding's parameters' (the CPU without any).
+
+        Raises:
+            TypeError: the encoding has no position-only bias (the message says what to
+                call instead); non-integer lengths.
+            ValueError: lengths below 1.
+        """
+        if not (self.sites & Site.SCORE and (self.offset_only or self.positional_bias)):
+            raise TypeError(
+                f"{type(self).__name__} has no bias of positions alone; " + _other_calls(self)
+            )
+        q_len, k_len = _length("q_len", q_len), _length("k_len", q_len if k_len is None else k_len)
+        if device is None:
+            param = next(iter(self.parameters()), None)
+            device = param.device if param is not None else "cpu"
+        heads = self.num_heads
+        q = torch.zeros(1, heads, q_len, 1, dtype=dtype, device=device)
+        k = torch.zeros(1, heads, k_len, 1, dtype=dtype, device=device)
+        k_pos = torch.arange(k_len, device=device)
+        q_pos = torch.arange(k_len - q_len, k_len, device=device)
+        return self.score_bias(q, k, q_pos, k_pos)
 
     def embed(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
         """INPUT site: ``x [B, T, C]`` with ``positions [T] | [B, T]`` -> ``[B, T, C]``."""
@@ -118,6 +201,34 @@ class PositionalEncoding(nn.Module):
     def value_term(self, probs: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
         """VALUE site: a term ``[B, H, Tq, D]`` added to ``probs @ v`` (None: nothing)."""
         return None
+
+    def gates(self, x: Tensor, past: Tensor | None = None) -> Tensor:
+        """WEIGHTS site: per-token gates ``[B, H, T, G]`` of the new tokens ``x [B, T, C]``.
+
+        ``past``: the gates of the cached tokens ``[B, H, Tk, G]`` (None without a cache),
+        for gates that accumulate along the sequence. ``MultiHeadAttention`` caches what
+        this returns and hands every key's gates to ``weights``.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no WEIGHTS site")
+
+    def weights(
+        self,
+        q: Tensor,
+        k: Tensor,
+        q_pos: Tensor,
+        k_pos: Tensor,
+        q_gates: Tensor,
+        k_gates: Tensor,
+        mask: Tensor | None = None,
+    ) -> Tensor:
+        """WEIGHTS site: attention weights ``[B, H, Tq, Tk]`` (zero where not visible).
+
+        ``q [B, H, Tq, D]``, ``k [B, H, Tk, D]`` (keys in storage order), their positions,
+        their gates (``[B, H, Tq, G]``, ``[B, H, Tk, G]``) and an optional bool ``mask``
+        ``[B|1, 1, Tq, Tk]`` (True = visible; padding and segments) replace the softmax
+        of ``q k^T / sqrt(D)``.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no WEIGHTS site")
 
     def sync_cache(self, cache: Any, length: int) -> None:
         """Make the keys of a KV cache consistent with a forward reaching ``length``.
@@ -163,14 +274,24 @@ class Compose(PositionalEncoding):
     positions that a structured part reads as text (M-RoPE's ``[T]`` / ``[B, T]``) reach
     every part as they are.
 
+    WEIGHTS encodings compute the whole attention and are not composed.
+
     Raises:
         TypeError: an item that is not a ``PositionalEncoding``; a structured part without
             ``attention_positions``.
-        ValueError: no encodings; parts that need different structured positions (named).
+        ValueError: no encodings; parts that need different structured positions (named);
+            a WEIGHTS-site part.
     """
 
     def __init__(self, encodings: Iterable[PositionalEncoding]) -> None:
         super().__init__()
+        if isinstance(encodings, (PositionalEncoding, str, bytes)) or not isinstance(
+            encodings, Iterable
+        ):
+            raise TypeError(
+                "Compose expects a list of PositionalEncoding modules as encodings, got "
+                f"{type(encodings).__name__}"
+            )
         encodings = list(encodings)
         for i, enc in enumerate(encodings):
             if not isinstance(enc, PositionalEncoding):
@@ -179,6 +300,12 @@ class Compose(PositionalEncoding):
                 )
         if not encodings:
             raise ValueError("Compose needs at least one encoding, got an empty list")
+        for i, enc in enumerate(encodings):
+            if enc.sites & Site.WEIGHTS:
+                raise ValueError(
+                    f"Compose item {i} ({type(enc).__name__}) computes the attention weights "
+                    "itself (WEIGHTS site) and cannot be composed"
+                )
         structured = [(i, e) for i, e in enumerate(encodings) if e.position_shape != "[T]"]
         for i, enc in structured:
             if not callable(getattr(enc, "attention_positions", None)):
@@ -280,11 +407,54 @@ class Compose(PositionalEncoding):
     def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
         return _sum_terms(e.score_bias(q, k, q_pos, k_pos) for e in self._at(Site.SCORE))
 
+    def bias(
+        self,
+        q_len: int,
+        k_len: int | None = None,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ) -> Tensor:
+        """The sum of the parts' ``bias`` (see ``PositionalEncoding.bias``).
+
+        Raises:
+            TypeError: no part with a bias, or a part whose bias needs queries and keys.
+        """
+        parts = self._at(Site.SCORE)
+        if not parts:
+            raise TypeError(f"this Compose has no score bias; {_other_calls(self)}")
+        return _sum_terms(e.bias(q_len, k_len, dtype=dtype, device=device) for e in parts)
+
     def value_term(self, probs: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
         return _sum_terms(e.value_term(probs, q_pos, k_pos) for e in self._at(Site.VALUE))
 
     def _at(self, site: Site) -> list[PositionalEncoding]:
         return [enc for enc in self.encodings if enc.sites & site]
+
+
+def _length(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+    return value
+
+
+def _other_calls(enc: PositionalEncoding) -> str:
+    """What to call on ``enc`` instead of ``enc(q, k, positions=...)`` / ``enc.bias(T)``."""
+    calls = []
+    if enc.sites & Site.QK:
+        calls.append("enc(q, k, positions=...)")
+    if enc.sites & Site.SCORE:
+        position_only = enc.offset_only or enc.positional_bias
+        calls.append("enc.bias(T)" if position_only else "enc.score_bias(q, k, q_pos, k_pos)")
+    if enc.sites & Site.INPUT:
+        calls.append("enc.embed(x, positions)")
+    if enc.sites & Site.VALUE:
+        calls.append("enc.value_term(probs, q_pos, k_pos)")
+    if not calls:
+        return "it leaves attention unchanged"
+    return "call " + " or ".join(calls)
 
 
 def _sum_terms(terms: Iterable[Tensor | None]) -> Tensor | None:

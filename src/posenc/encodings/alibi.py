@@ -97,19 +97,21 @@ def _alibi_fn(slopes: Tensor, causal: bool):
 
 
 def alibi_bias(
-    q_pos: Tensor,
-    k_pos: Tensor,
+    q_pos: Tensor | int,
+    k_pos: Tensor | int,
     num_heads: int,
     *,
     causal: bool = True,
     max_bias: float = 8.0,
     dtype: torch.dtype = torch.float32,
 ) -> Tensor:
-    """ALiBi bias for explicit positions.
+    """ALiBi bias for explicit positions, or for lengths: ``alibi_bias(T, T, num_heads)``.
 
     Args:
-        q_pos: query positions ``[Tq]`` or ``[B, Tq]`` (integer or float).
-        k_pos: key positions ``[Tk]`` or ``[B, Tk]``.
+        q_pos: query positions ``[Tq]`` or ``[B, Tq]`` (integer or float); or the number of
+            queries ``Tq`` (an int): the last ``Tq`` of the keys' positions.
+        k_pos: key positions ``[Tk]`` or ``[B, Tk]``; or the number of keys ``Tk`` (an
+            int): positions ``0..Tk-1``.
         num_heads: ``H``.
         causal: ``-m (i - j)`` when True, ``-m |i - j|`` when False.
         max_bias: as in ``alibi_slopes``.
@@ -119,11 +121,24 @@ def alibi_bias(
         ``[B|1, H, Tq, Tk]``.
 
     Raises:
-        ValueError: ``num_heads < 1``, or positions of rank other than 1 or 2.
+        ValueError: ``num_heads < 1``, positions of rank other than 1 or 2, lengths below
+            1 or ``Tq > Tk``.
         TypeError: bf16/fp16/bool positions, a non-bool ``causal``, a non-floating
-            ``dtype``.
+            ``dtype``; a length with a positions tensor.
     """
     causal = check_bool("causal", causal)
+    lengths = [isinstance(p, int) and not isinstance(p, bool) for p in (q_pos, k_pos)]
+    if any(lengths):
+        if not all(lengths):
+            raise TypeError(
+                "alibi_bias takes two lengths or two positions tensors, got "
+                f"q_pos {type(q_pos).__name__} and k_pos {type(k_pos).__name__}"
+            )
+        t_q, t_k = check_int("q_pos (length)", q_pos), check_int("k_pos (length)", k_pos)
+        if t_q > t_k:
+            raise ValueError(f"alibi_bias: {t_q} queries but only {t_k} keys")
+        k_pos = torch.arange(t_k)
+        q_pos = k_pos[t_k - t_q :]
     q_pos, k_pos = check_position_pair(q_pos, k_pos)
     slopes = alibi_slopes(num_heads, max_bias=max_bias, dtype=torch.float64).to(q_pos.device)
     return toeplitz_bias(_alibi_fn(slopes, causal), q_pos, k_pos, dtype)

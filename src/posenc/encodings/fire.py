@@ -117,6 +117,7 @@ class FIRE(PositionalEncoding):
     """
 
     sites = Site.SCORE
+    positional_bias = True
 
     def __init__(
         self,

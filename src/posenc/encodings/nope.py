@@ -27,6 +27,13 @@ class NoPE(PositionalEncoding):
     def __init__(self) -> None:  # explicit: ``build`` passes only the keywords it takes
         super().__init__()
 
-    def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
-        """Return ``x [B, T, C]`` unchanged (``positions`` are accepted and ignored)."""
+    def forward(
+        self, x: Tensor, k: Tensor | None = None, positions: Tensor | None = None
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """The identity under both calls: ``nope(x [B, T, C], positions)`` returns ``x``
+        (the INPUT call of sinusoidal and learned); ``nope(q, k, positions=...)`` returns
+        ``(q, k)`` (the call of the rotating encodings, for a NoPE layer of a model).
+        Positions are accepted and ignored."""
+        if isinstance(k, Tensor) and k.dim() == 4 and x.dim() == 4:
+            return x, k
         return x

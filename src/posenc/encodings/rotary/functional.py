@@ -104,9 +104,15 @@ def rerotate_keys(
     Raises:
         ValueError: ``positions`` not of length ``T``; frequency lists of unequal lengths;
             a zero ``old`` attention scale.
+        TypeError: ``k`` not a tensor; ``old`` or ``new`` not a pair (the name says which).
     """
     check_tensor("k", k, ndim=4)
     interleaved = check_bool("interleaved", interleaved)
+    for name, pair in (("old", old), ("new", new)):
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise TypeError(
+                f"{name} must be a pair (inv_freq, attention_scale), got {type(pair).__name__}"
+            )
     (old_freq, old_scale), (new_freq, new_scale) = old, new
     check_tensor("old inv_freq", old_freq, ndim=1)
     check_tensor("new inv_freq", new_freq, ndim=1)

@@ -82,15 +82,6 @@ class TrailingRope(PositionalEncoding):
         q_rot, k_rot = self.rope.rotate(q_rot, k_rot, q_pos, k_pos)
         return torch.cat((q_pass, q_rot), -1), torch.cat((k_pass, k_rot), -1)
 
-    def forward(
-        self, q: Tensor, k: Tensor, positions: Tensor | None = None
-    ) -> tuple[Tensor, Tensor]:
-        """Rotate ``q``, ``k`` ``[B, H, T, D]`` of the same tokens (positions default
-        ``0..T-1``)."""
-        if positions is None:
-            positions = torch.arange(q.shape[-2], device=q.device)
-        return self.rotate(q, k, positions, positions)
-
     def extra_repr(self) -> str:
         return (
             f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base}, "
