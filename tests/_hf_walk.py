@@ -296,6 +296,13 @@ def hf_config(case: RotaryCase):
     return hf_configs(case)[0]
 
 
+def readme_coverage(text: str, pattern: str) -> dict[str, tuple[int, int]]:
+    """``{transformers version: (matched, total)}`` stated in ``text``: every match of
+    ``pattern`` (groups matched, total, version), the version's trailing punctuation and
+    emphasis dropped."""
+    return {m[3].rstrip(".,;)*"): (int(m[1]), int(m[2])) for m in re.finditer(pattern, text)}
+
+
 def not_in_table(case: RotaryCase) -> str | None:
     """The case's ``model_type`` when posenc's family table lacks it (a family new in the
     installed release: ``from_hf_config`` refuses it by name), else None."""
