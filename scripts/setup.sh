@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set-up: a virtual environment in .venv with the CPU build of PyTorch installed first
 # (a bare `torch` requirement would pull several GB of CUDA packages), then posenc with
-# its test dependencies. Reuses an existing .venv.
+# its test dependencies at the tested versions. Reuses an existing .venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
@@ -11,7 +11,9 @@ if ! python -c "import torch" 2>/dev/null; then
   # The CPU wheel; elsewhere add: --index-url https://download.pytorch.org/whl/cpu
   python -m pip install --quiet "torch==2.13.0" ${POSENC_TORCH_INDEX:+--index-url "$POSENC_TORCH_INDEX"}
 fi
-python -m pip install --quiet -e ".[test]"
+# The tested set (requirements/pinned.txt): the same versions on every machine, whatever is
+# released tomorrow; .ci/run also tests the newest and the oldest supported transformers.
+python -m pip install --quiet -c requirements/pinned.txt -e ".[test]"
 # The lab's English-prose corpus (`posenc lab --corpus fortunes`): Debian's fortunes
 # package, plain text in /usr/share/games/fortunes; skipped where apt-get or root is not there.
 if [ ! -d /usr/share/games/fortunes ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
