@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import math
+import pickle
+import shutil
 
 import pytest
 import torch
@@ -85,35 +87,84 @@ def test_extend_end_to_end_matches_a_full_forward(checkpoint, tmp_path, capsys):
     assert "original" in capsys.readouterr().err  # the rich table
 
 
-def test_extend_resumes_after_an_interruption(checkpoint, tmp_path, monkeypatch):
+SHORT = ["--eval-lens", "24", "64", "--scalings", "linear", "--factors", "2",
+         "--windows", "1", "--depths", "--chunk", "32", "--no-progress"]  # fmt: skip
+
+
+def test_extend_resumes_after_an_interruption_or_a_failure(checkpoint, tmp_path, monkeypatch):
     out = tmp_path / "out"
+    partial = tmp_path / "out.partial"
     calls = {"n": 0}
     real = extend_evaluate.window_nll
 
-    def interrupted(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
+    def breaks(error):
+        def window_nll(*args, **kwargs):
+            calls["n"] += 1
+            if calls["n"] == 3:
+                raise error
+            return real(*args, **kwargs)
 
-    args = ["--eval-lens", "24", "64", "--scalings", "linear", "--factors", "2",
-            "--windows", "1", "--depths", "--chunk", "32", "--no-progress"]  # fmt: skip
-    monkeypatch.setattr("posenc.extend.runner.window_nll", interrupted)
-    assert main(["extend", str(checkpoint), *args, "--out", str(out)]) == 130
-    partial = json.loads((out / "results.json").read_text())
-    assert partial["status"] == "interrupted"
-    finished = {(s, n) for s, row in partial["cells"].items() for n in row}
+        return window_nll
+
+    monkeypatch.setattr("posenc.extend.runner.window_nll", breaks(KeyboardInterrupt))
+    assert main(["extend", str(checkpoint), *SHORT, "--out", str(out)]) == 130
+    assert not out.exists()  # --out appears only when the run is complete
+    held = json.loads((partial / "results.json").read_text())
+    assert held["status"] == "interrupted"
+    finished = {(s, n) for s, row in held["cells"].items() for n in row}
     assert finished == {("original", "24"), ("original", "64")}
-    kept = (out / "cells" / "original-24.json").stat().st_mtime_ns
+    assert not {"report.md", "extend.png"} & {p.name for p in partial.iterdir()}
+    kept = (partial / "cells" / "original-24.json").stat().st_mtime_ns
+    calls["n"] = 1  # a failure (not Ctrl-C) in the second cell left: the same, marked failed
+    monkeypatch.setattr("posenc.extend.runner.window_nll", breaks(RuntimeError("boom")))
+    with pytest.raises(RuntimeError, match="boom"):
+        main(["extend", str(checkpoint), *SHORT, "--out", str(out)])
+    assert not out.exists()
+    assert json.loads((partial / "results.json").read_text())["status"] == "failed"
+    assert not {"report.md", "extend.png"} & {p.name for p in partial.iterdir()}
     monkeypatch.setattr("posenc.extend.runner.window_nll", real)
-    assert main(["extend", str(checkpoint), *args, "--out", str(out)]) == 0
+    assert main(["extend", str(checkpoint), *SHORT, "--out", str(out)]) == 0
+    assert not partial.exists()
     results = json.loads((out / "results.json").read_text())
     assert results["status"] == "complete"
     assert (out / "cells" / "original-24.json").stat().st_mtime_ns == kept
-    assert results["cells"]["original"]["24"] == partial["cells"]["original"]["24"]
+    assert results["cells"]["original"]["24"] == held["cells"]["original"]["24"]
     assert len(list((out / "cells").glob("*.json"))) == 4
+    assert {"report.md", "extend.png"} <= {p.name for p in out.iterdir()}
     other = ["--eval-lens", "24", "--no-progress", "--out", str(out)]
     assert main(["extend", str(checkpoint), *other]) == 2  # another configuration
+
+
+def test_extend_refuses_to_resume_after_the_weights_or_tokenizer_changed(
+    checkpoint, tmp_path, capsys
+):
+    model_dir = tmp_path / "model"
+    shutil.copytree(checkpoint, model_dir)
+    args = ["--eval-lens", "24", "--scalings", "linear", "--factors", "2",
+            "--windows", "1", "--depths", "--chunk", "32", "--no-progress"]  # fmt: skip
+    out = tmp_path / "out"
+    assert main(["extend", str(model_dir), *args, "--out", str(out)]) == 0
+    before = (out / "results.json").read_bytes()
+    capsys.readouterr()
+    model = transformers.LlamaForCausalLM.from_pretrained(model_dir)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(0.5)
+    model.save_pretrained(model_dir)  # config.json unchanged, weights changed
+    capsys.readouterr()
+    assert main(["extend", str(model_dir), *args, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "weights_sha256" in err
+    assert (out / "results.json").read_bytes() == before  # the old run is left as it was
+    fresh = tmp_path / "fresh"
+    assert main(["extend", str(model_dir), *args, "--out", str(fresh)]) == 0
+    tokenizer_config = model_dir / "tokenizer_config.json"
+    settings = json.loads(tokenizer_config.read_text())
+    tokenizer_config.write_text(json.dumps({**settings, "model_max_length": 77}))
+    capsys.readouterr()
+    assert main(["extend", str(model_dir), *args, "--out", str(fresh)]) == 2
+    err = capsys.readouterr().err
+    assert "tokenizer_sha256" in err and "weights_sha256" not in err
 
 
 def _bad(tmp_path, capsys, folder, *args):
@@ -149,6 +200,103 @@ def test_extend_bad_inputs_name_the_problem_and_write_nothing(checkpoint, tmp_pa
     assert "fewer than evaluation length 4096" in err
     assert "--factors" in _bad(tmp_path, capsys, checkpoint, "--factors", "two")
     assert "factor must be >= 1" in _bad(tmp_path, capsys, checkpoint, "--factors", "0.5")
+
+
+class _RunsCode:
+    """A pickle that would create ``path`` if it were ever unpickled."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def _edit_config(**fields):
+    def edit(folder):
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, **fields}))
+
+    return edit
+
+
+def _write(name, data):
+    def edit(folder):
+        (folder / name).write_bytes(data(folder) if callable(data) else data)
+
+    return edit
+
+
+def _truncate(folder):
+    with open(folder / "model.safetensors", "r+b") as handle:
+        handle.truncate(5000)
+
+
+def _pickled_bin(folder):
+    (folder / "model.safetensors").unlink()
+    (folder / "pytorch_model.bin").write_bytes(pickle.dumps(_RunsCode(folder / "ran")))
+
+
+HOSTILE = {
+    "deep config.json": (_write("config.json", b'{"a":' + b"[" * 100_000 + b"]" * 100_000 + b"}"),
+                         "nests too deeply"),
+    "zero heads": (_edit_config(num_attention_heads=0), "num_attention_heads must be >= 1"),
+    "zero kv heads": (_edit_config(num_key_value_heads=0), "num_key_value_heads must be >= 1"),
+    "heads not divisible": (_edit_config(num_key_value_heads=3), "not a multiple of 3"),
+    "hidden not divisible": (_edit_config(hidden_size=30), "hidden size (30)"),
+    "heads a string": (_edit_config(num_attention_heads="four"), "num_attention_heads must be"),
+    "rope_parameters a list": (_edit_config(rope_parameters=[1, 2]), "rope_parameters must be"),
+    "rope_parameters a string": (_edit_config(rope_parameters="yarn"), "rope_parameters must"),
+    "vocabulary mismatch": (_edit_config(vocab_size=100), "shapes do not match config.json"),
+    "truncated safetensors": (_truncate, "cannot load its weights"),
+    "garbage safetensors": (_write("model.safetensors", bytes(range(256)) * 16),
+                            "cannot load its weights"),
+    "huge safetensors header": (_write("model.safetensors", (2**62).to_bytes(8, "little") + b"{}"),
+                                "cannot load its weights"),
+    "garbage tokenizer.json": (_write("tokenizer.json", b'{"x": 1}'), "cannot load its tokenizer"),
+    "pickled .bin": (_pickled_bin, "never unpickles"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_extend_hostile_checkpoints_are_one_line_errors(case, checkpoint, tmp_path, capsys):
+    folder = tmp_path / "model"
+    shutil.copytree(checkpoint, folder)
+    edit, expected = HOSTILE[case]
+    edit(folder)
+    err = _bad(tmp_path, capsys, folder, "--eval-lens", "24", "--scalings", "linear")
+    assert expected in err
+    assert "weights_only=False" not in err and "Traceback" not in err
+    assert not (tmp_path / "bad-out.partial").exists() and not (folder / "ran").exists()
+
+
+def test_extend_decides_support_before_any_cell(checkpoint, tmp_path, capsys, monkeypatch):
+    from posenc.extend import runner
+
+    real = runner.patch
+
+    def patch(model, *, scaling=None, **kwargs):
+        if scaling["rope_type"] == "yarn":  # accepted on paper, fails on the model
+            raise KeyError("forward")
+        return real(model, scaling=scaling, **kwargs)
+
+    scored = []
+    monkeypatch.setattr("posenc.extend.runner.patch", patch)
+    monkeypatch.setattr("posenc.extend.runner.window_nll", lambda *a, **k: scored.append(a))
+    err = _bad(tmp_path, capsys, checkpoint, "--eval-lens", "24", "--scalings", "linear", "yarn")
+    assert "setting 'yarn x2'" in err and "forward" in err
+    assert scored == [] and not (tmp_path / "bad-out.partial").exists()
+
+
+def test_extend_never_writes_into_a_foreign_folder(checkpoint, tmp_path, capsys):
+    mine = tmp_path / "bad-out"
+    mine.mkdir()
+    (mine / "report.md").write_text("my notes")
+    (mine / ".draft.tmp").write_text("mine")
+    status = main(["extend", str(checkpoint), *SHORT, "--out", str(mine)])
+    assert status == 2 and "no posenc run record" in capsys.readouterr().err
+    assert sorted(p.name for p in mine.iterdir()) == [".draft.tmp", "report.md"]
+    assert (mine / "report.md").read_text() == "my notes"
 
 
 def test_passkey_prompt_has_the_length_and_the_key_at_its_depth():

@@ -99,7 +99,8 @@ def read_config(model_dir: str | Path) -> dict[str, Any]:
     """The checkpoint's ``config.json`` as a dict.
 
     Raises:
-        ValueError: the folder or its ``config.json`` is missing or not a JSON object.
+        ValueError: the folder or its ``config.json`` is missing (or not a regular file:
+            a FIFO is never opened), not a JSON object, or nested too deeply.
     """
     folder = Path(model_dir)
     if not folder.is_dir():
@@ -113,6 +114,8 @@ def read_config(model_dir: str | Path) -> dict[str, Any]:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"{str(path)!r} is not valid JSON ({exc})") from None
+    except RecursionError:
+        raise ValueError(f"{str(path)!r} nests too deeply to be a model configuration") from None
     if not isinstance(config, dict):
         raise ValueError(f"{str(path)!r} is not a JSON object")
     return config

@@ -2,14 +2,19 @@
 
 Layout of ``--out`` (the lab's, ``posenc.lab.results``: atomic writes, identity check)::
 
-    config.json            the run's identity (checkpoint config hash, every setting)
+    config.json            the run's identity (hashes of the checkpoint's config, weights
+                           and tokenizer; every setting; the corpus)
     cells/<setting>-<T>.json   one finished (setting, length): window NLLs, passkey trials
     results.json, report.md, extend.png
 
-Every input is checked before anything is written (a folder without ``config.json``, an
-unsupported family, a scaling the family cannot take, a length beyond the held-out text
-or beyond memory), so a bad call leaves no file. An interrupted run (Ctrl-C) writes the
-results of the cells that finished and the next run with the same options resumes.
+Every input is checked before anything is written (a folder without ``config.json``,
+bad shape fields, unloadable weights or tokenizer, an unsupported family, a scaling the
+family cannot take: each setting is patched into the loaded model and run on a few
+tokens first, a length beyond the held-out text or beyond memory), so a bad call leaves
+no file. The run works in ``<out>.partial`` and renames it to ``--out`` when complete
+(``posenc.extend.files``): an interrupted (Ctrl-C) or failed run leaves only that folder,
+with its finished cells and a ``results.json`` whose status says so, and the next run
+with the same options resumes from it; a changed checkpoint is refused there by name.
 """
 
 from __future__ import annotations
@@ -31,11 +36,12 @@ from posenc.extend.checkpoint import (
     load_checkpoint,
     needed_memory,
 )
-from posenc.extend.config import ExtendConfig, config_hash
+from posenc.extend.config import ExtendConfig, Setting, config_hash
 from posenc.extend.evaluate import passkey, passkey_prompt, window_nll
+from posenc.extend.files import checkpoint_hashes, finish, prepare
 from posenc.hf.patch import patch, unpatch
 from posenc.lab.corpus import load_corpus
-from posenc.lab.results import check_identity, environment, remove_stale, write_json, write_text
+from posenc.lab.results import environment, write_json, write_text
 
 __all__ = ["run_extend"]
 
@@ -151,6 +157,32 @@ def _publish(out: Path, results: dict) -> None:
     write_text(out / "report.md", report.markdown(results))
 
 
+def _dry_run(model, settings: list[Setting]) -> None:
+    """Patch each setting into ``model`` and run a forward on a few tokens, so a family
+    that ``posenc.hf.patch`` accepts on paper but cannot run is refused before any cell.
+
+    Raises:
+        ValueError: the first setting that fails, named, with the reason in one line.
+    """
+    device = next(model.parameters()).device
+    ids = torch.zeros(1, 4, dtype=torch.long, device=device)
+    for setting in settings:
+        try:
+            if setting.scaling is not None:
+                patch(model, scaling=setting.scaling)
+            try:
+                with torch.no_grad():
+                    model(ids)
+            finally:
+                if setting.scaling is not None:
+                    unpatch(model)
+        except Exception as exc:  # any failure here means: not supported, say which
+            reason = " ".join(str(exc).split())[:300] or type(exc).__name__
+            raise ValueError(
+                f"setting {setting.label!r}: the patched model does not run ({reason})"
+            ) from None
+
+
 def run_extend(
     config: ExtendConfig, out: Path, *, console: Console | None = None, progress: bool = True
 ) -> dict:
@@ -167,11 +199,13 @@ def run_extend(
     device = _device(config.device)
     _check_memory(raw, config, device)
     corpus = load_corpus(config.corpus)
+    hashes = checkpoint_hashes(config.model_dir)
     model, tokenizer = load_checkpoint(config.model_dir, device=device, dtype=config.dtype)
+    _dry_run(model, settings)
     tokens = _text_tokens(corpus, tokenizer)
     windows = {n: _windows(tokens, n, config.windows) for n in config.eval_lens}
     keyed = {n: _passkey_fits(tokenizer, n) for n in config.eval_lens}
-    identity_fields = {"model_config_sha256": config_hash(raw), **config.to_dict()}
+    identity_fields = {"model_config_sha256": config_hash(raw), **hashes, **config.to_dict()}
     del identity_fields["model_dir"]  # the checkpoint is named by its config, not its path
     identity_fields["corpus_sha256"] = corpus.sha256
     identity_fields = json.loads(json.dumps(identity_fields))  # as config.json holds it
@@ -183,18 +217,15 @@ def run_extend(
         "parameters": sum(p.numel() for p in model.parameters()),
         "trained_length": trained,
         "config_sha256": config_hash(raw),
+        **hashes,
         "attention": getattr(model.config, "_attn_implementation", None),
     }
     data = {"source": corpus.source, "sha256": corpus.sha256, "tokens": int(tokens.numel())}
-    out.mkdir(parents=True, exist_ok=True)
-    remove_stale(out)
-    for stale in (out / "cells").glob(".*.tmp*"):
-        stale.unlink(missing_ok=True)
-    check_identity(out, identity_fields)
-    cells = _finished(out, identity)
+    work = prepare(out, identity_fields)
+    cells = _finished(work, identity)
     todo = [(s, n) for s in settings for n in config.eval_lens if (s.label, n) not in cells]
     if cells:
-        console.print(f"resuming: {len(cells)} cell(s) already finished in {out}")
+        console.print(f"resuming: {len(cells)} cell(s) already finished in {work}")
     status = "failed"
     try:
         with Progress(
@@ -214,7 +245,7 @@ def run_extend(
                         depths = config.passkey_depths if keyed[n] else ()
                         record = _measure(model, tokenizer, windows[n], depths, config)
                         record = {"identity": identity, "setting": setting.label, **record}
-                        write_json(_cell_path(out, setting.label, n), record)
+                        write_json(_cell_path(work, setting.label, n), record)
                         cells[setting.label, n] = record
                         bar.advance(task)
                 finally:
@@ -226,6 +257,14 @@ def run_extend(
         raise
     finally:
         results = _results(config, model_info, data, settings, cells, status, identity, notes)
-        _publish(out, results)
+        if status == "complete":
+            _publish(work, results)
+            finish(work, out)
+        else:  # only the resumable folder, marked; --out stays untouched
+            write_json(work / "results.json", results)
+            console.print(
+                f"posenc extend: {status}; {len(cells)} finished cell(s) kept in {work}, "
+                "which a rerun with the same options resumes"
+            )
     report.print_table(results, console)
     return results

@@ -21,6 +21,7 @@ import json
 import os
 import pickle
 import platform
+import stat
 import sys
 import tempfile
 from pathlib import Path
@@ -52,7 +53,8 @@ def write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically (temporary file + ``os.replace``).
 
     Raises:
-        OSError: the folder cannot be created or written (full disk, read-only, denied).
+        OSError: the folder cannot be created or written (full disk, read-only, denied);
+            its ``filename`` is ``path`` when the system named none (a failed write).
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -61,6 +63,11 @@ def write_bytes(path: Path, data: bytes) -> None:
             handle.write(data)
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600; give the usual mode
         os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        if exc.filename is None and exc.errno is not None:
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
+        raise
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -87,10 +94,21 @@ def remove_stale(out: Path) -> list[Path]:
     return stale
 
 
+def _regular(path: Path) -> bool:
+    """Whether ``path`` is a regular file (checked with ``stat``, so a FIFO is never
+    opened: opening one would wait for a writer forever)."""
+    try:
+        return stat.S_ISREG(path.stat().st_mode)
+    except OSError:
+        return False
+
+
 def _read_json(path: Path) -> object:
+    if not _regular(path):
+        raise ValueError(f"{str(path)!r} is not a regular file; move it away")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise ValueError(f"{str(path)!r} is not valid JSON ({exc}); move it away") from None
 
 
@@ -102,13 +120,21 @@ def write_json(path: Path, obj: object) -> None:
 def check_identity(out: Path, identity: dict[str, object]) -> None:
     """Record ``identity`` in ``out/config.json``, or check it matches the one there.
 
+    A folder that holds files but no ``config.json`` is someone else's: it is refused,
+    never written into (nothing of it is overwritten or deleted).
+
     Raises:
-        ValueError: ``out`` holds a sweep with another configuration (the message names
-            the differing fields), or ``out`` is a file.
+        ValueError: ``out`` holds a run with another configuration (the message names
+            the differing fields), holds files but no run record, or is a file.
     """
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {str(out)!r} exists and is not a folder")
     path = out / "config.json"
+    if not path.exists() and out.is_dir() and any(out.iterdir()):
+        raise ValueError(
+            f"--out {str(out)!r} holds files but no posenc run record (config.json); "
+            "nothing in it is touched: use a new or empty folder"
+        )
     if path.exists():
         previous = _read_json(path)
         if not isinstance(previous, dict):
@@ -120,7 +146,7 @@ def check_identity(out: Path, identity: dict[str, object]) -> None:
         )
         if differ:
             raise ValueError(
-                f"--out {str(out)!r} holds a sweep with a different configuration "
+                f"--out {str(out)!r} holds a run with a different configuration "
                 f"(differs in {', '.join(differ)}); use another --out or the same options"
             )
         return
@@ -152,13 +178,34 @@ def finished_runs(out: Path, identity_hash: str) -> dict[tuple[str, int], dict]:
             )
         if record.get("identity") != identity_hash or record["status"] not in FINISHED:
             continue
-        if record.get("weights") and not _weights_load(out / record["weights"]):
+        if record.get("weights") and not _weights_load(_weights_path(out, path, record)):
             continue
         runs[record["encoding"], record["seed"]] = record
     return runs
 
 
+def _weights_path(out: Path, record_path: Path, record: dict) -> Path:
+    """The run's weights file, which must lie inside ``out``.
+
+    Raises:
+        ValueError: ``weights`` is not a relative path inside ``out``, or names something
+            other than a regular file (a FIFO, a device, a folder).
+    """
+    weights = record["weights"]
+    inside = out.resolve()
+    path = (out / weights).resolve() if isinstance(weights, str) else None
+    if path is None or (path != inside and inside not in path.parents):
+        raise ValueError(
+            f"{str(record_path)!r}: weights must be a path inside {str(out)!r}, got {weights!r}"
+        )
+    if path.exists() and not _regular(path):
+        raise ValueError(f"{str(record_path)!r}: weights {weights!r} is not a regular file")
+    return path
+
+
 def _weights_load(path: Path) -> bool:
+    if not path.is_file():
+        return False
     try:
         torch.load(path, weights_only=True)
     except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError):
