@@ -164,6 +164,18 @@ def _image_or_video(config: Config, frames: int, height: int, width: int) -> Ten
     return full if len(_need(config, "rope_axes_dim")) == 3 else full[:, 1:]
 
 
+def _after_caption(offset: int) -> Callable[[Config, int, int, int], Tensor]:
+    """Lumina 2 (``offset=0``) and Z-Image (``offset=1``) put the image after the caption:
+    ``t = caption_length + offset + f`` (``caption_length``: a key of the call, default 0;
+    Z-Image's is the caption padded to a multiple of 32)."""
+
+    def positions(config: Config, frames: int, height: int, width: int) -> Tensor:
+        start = int(config.get("caption_length", 0)) + offset
+        return grid_positions(frames, height, width, start=(start, 0, 0))
+
+    return positions
+
+
 def _qwen(config: Config, frames: int, height: int, width: int) -> Tensor:
     return centred_positions(frames, height, width)
 
@@ -217,17 +229,20 @@ def _lumina_next_positions(config: Config, frames: int, height: int, width: int)
 
 
 def _sincos_2d_positions(config: Config, frames: int, height: int, width: int) -> Tensor:
-    patch = int(_need(config, "patch_size"))
-    base = int(_need(config, "sample_size")) // patch
-    scale = config.get("interpolation_scale")
-    if scale is None:
-        scale = (
-            max(int(_need(config, "sample_size")) // 64, 1) if "caption_channels" in config else 1
-        )
+    """DiT and SD3: ``interpolation_scale`` 1 (SD3 crops a ``pos_embed_max_size`` table)."""
+    base = int(_need(config, "sample_size")) // int(_need(config, "patch_size"))
     return sincos_positions(
-        height, width, base_size=base, interpolation_scale=float(scale),
-        max_size=config.get("pos_embed_max_size"),
-    )  # fmt: skip
+        height, width, base_size=base, max_size=config.get("pos_embed_max_size")
+    )
+
+
+def _pixart_positions(config: Config, frames: int, height: int, width: int) -> Tensor:
+    """PixArt: ``interpolation_scale`` from the config, else ``max(sample_size // 64, 1)``."""
+    size = int(_need(config, "sample_size"))
+    scale = config.get("interpolation_scale")
+    scale = max(size // 64, 1) if scale is None else float(scale)
+    base = size // int(_need(config, "patch_size"))
+    return sincos_positions(height, width, base_size=base, interpolation_scale=scale)
 
 
 def _row(name: str, classes: str, build, positions, reference: str) -> Family:
@@ -243,27 +258,40 @@ FAMILIES: tuple[Family, ...] = (
         _video,
         "FluxPosEmbed(theta=10000, axes_dim) at ids (t, y, x)",
     ),
-    _row("Flux.2 axes RoPE", "Flux2Transformer2DModel", _flux2, _flux2_ids, "Flux2PosEmbed"),
+    _row(
+        "Flux.2 axes RoPE",
+        "Flux2Transformer2DModel Flux3Transformer2DModel Krea2Transformer2DModel",
+        _flux2,
+        _flux2_ids,
+        "Flux2PosEmbed",
+    ),
     _row("Qwen-Image MSRoPE", "QwenImageTransformer2DModel", _flux, _qwen, "QwenEmbedRope"),
     _row(
         "Wan 3-D RoPE",
         "WanTransformer3DModel WanVACETransformer3DModel WanAnimateTransformer3DModel "
-        "SanaVideoTransformer3DModel",
+        "SanaVideoTransformer3DModel SkyReelsV2Transformer3DModel",
         _wan,
         _video,
         "WanRotaryPosEmbed",
     ),
     _row(
         "HunyuanVideo 3-D RoPE",
-        "HunyuanVideoTransformer3DModel HunyuanImageTransformer2DModel",
+        "HunyuanVideoTransformer3DModel HunyuanVideo15Transformer3DModel "
+        "MotifVideoTransformer3DModel HunyuanImageTransformer2DModel",
         _hunyuan_video,
         _image_or_video,
         "HunyuanVideoRotaryPosEmbed, HunyuanImageRotaryPosEmbed",
     ),
     _row(
-        "Lumina 2 axes RoPE", "Lumina2Transformer2DModel", _lumina2, _video, "Lumina2RotaryPosEmbed"
+        "Lumina 2 axes RoPE",
+        "Lumina2Transformer2DModel",
+        _lumina2,
+        _after_caption(0),
+        "Lumina2RotaryPosEmbed",
     ),
-    _row("Z-Image axes RoPE", "ZImageTransformer2DModel", _z_image, _video, "RopeEmbedder"),
+    _row(
+        "Z-Image axes RoPE", "ZImageTransformer2DModel", _z_image, _after_caption(1), "RopeEmbedder"
+    ),
     _row(
         "CogVideoX 3-D RoPE / 3-D sin-cos",
         "CogVideoXTransformer3DModel",
@@ -287,9 +315,16 @@ FAMILIES: tuple[Family, ...] = (
     ),
     _row(
         "2-D sin-cos table",
-        "DiTTransformer2DModel PixArtTransformer2DModel SD3Transformer2DModel",
+        "DiTTransformer2DModel SD3Transformer2DModel",
         _sincos_2d,
         _sincos_2d_positions,
+        "PatchEmbed (get_2d_sincos_pos_embed)",
+    ),
+    _row(
+        "PixArt 2-D sin-cos table",
+        "PixArtTransformer2DModel",
+        _sincos_2d,
+        _pixart_positions,
         "PatchEmbed (get_2d_sincos_pos_embed)",
     ),
 )

@@ -1,0 +1,316 @@
+"""diffusers' own position code, run on tiny configs: one reference per matched family.
+
+Each case names a diffusers model class, a tiny config (the keys ``posenc.from_diffusers``
+reads) and a grid ``(F, H, W)`` in patches; its ``reference`` builds diffusers' position
+module from the same config (nothing downloaded, random weights where there are any) and
+returns what the model uses for the image/video tokens:
+
+* ``("real", cos, sin)``: ``[N, D]`` tables with every pair's value twice (``repeat_interleave``),
+  rotated by ``apply_rotary_emb(use_real=True, use_real_unbind_dim=-1)``;
+* ``("complex", freqs)``: ``[N, D/2]`` unit complex numbers, rotated as complex pairs;
+* ``("table", table)``: an ``[N, C]`` sin-cos table added to the patch embeddings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from diffusers.models import embeddings as E
+from diffusers.models.transformers import (
+    transformer_bria,
+    transformer_flux,
+    transformer_flux2,
+    transformer_flux3,
+    transformer_hunyuan_video,
+    transformer_hunyuan_video15,
+    transformer_hunyuanimage,
+    transformer_krea2,
+    transformer_longcat_image,
+    transformer_lumina2,
+    transformer_motif_video,
+    transformer_ovis_image,
+    transformer_qwenimage,
+    transformer_sana_video,
+    transformer_skyreels_v2,
+    transformer_wan,
+    transformer_wan_animate,
+    transformer_z_image,
+)
+from diffusers.pipelines.cogvideo.pipeline_cogvideox import (
+    get_resize_crop_region_for_grid as cogvideox_crop,
+)
+from diffusers.pipelines.hunyuandit.pipeline_hunyuandit import (
+    get_resize_crop_region_for_grid as hunyuan_crop,
+)
+
+from posenc.diffusers import grid_positions
+
+
+@dataclass(frozen=True)
+class Case:
+    class_name: str
+    config: dict[str, Any]
+    grid: tuple[int, int, int]
+    reference: Any  # (config, grid) -> ("real", cos, sin) | ("complex", f) | ("table", t)
+    note: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def id(self) -> str:
+        return f"{self.class_name}{'-' + self.note if self.note else ''}"
+
+
+def _ids(grid: tuple[int, int, int], axes: int = 3) -> torch.Tensor:
+    ids = grid_positions(*grid).float()
+    return torch.cat((ids, ids.new_zeros(ids.shape[0], axes - 3)), dim=1) if axes > 3 else ids
+
+
+def _pos_embed(module_cls):
+    def reference(config, grid):
+        dims = config["axes_dims_rope"]
+        module = module_cls(theta=config.get("rope_theta", 10000), axes_dim=list(dims))
+        return ("real", *module(_ids(grid, len(dims))))
+
+    return reference
+
+
+def _wan(module_cls):
+    def reference(config, grid):
+        f, h, w = grid
+        module = module_cls(config["attention_head_dim"], (1, 2, 2), 32)
+        cos, sin = module(torch.zeros(1, 1, f, 2 * h, 2 * w))
+        return "real", cos[0, :, 0], sin[0, :, 0]
+
+    return reference
+
+
+def _hunyuan_video(module_cls):
+    def reference(config, grid):
+        f, h, w = grid
+        module = module_cls(2, 1, list(config["rope_axes_dim"]), config["rope_theta"])
+        return ("real", *module(torch.zeros(1, 1, f, 2 * h, 2 * w)))
+
+    return reference
+
+
+def _hunyuan_image(config, grid):
+    _, h, w = grid
+    module = transformer_hunyuanimage.HunyuanImageRotaryPosEmbed(
+        (2, 2), list(config["rope_axes_dim"]), config["rope_theta"]
+    )
+    return ("real", *module(torch.zeros(1, 1, 2 * h, 2 * w)))
+
+
+def _qwen(config, grid):
+    module = transformer_qwenimage.QwenEmbedRope(
+        theta=10000, axes_dim=list(config["axes_dims_rope"]), scale_rope=True
+    )
+    video, _ = module([grid], device=torch.device("cpu"), max_txt_seq_len=4)
+    return "complex", video
+
+
+def _lumina2(config, grid):
+    _, h, w = grid
+    module = transformer_lumina2.Lumina2RotaryPosEmbed(
+        theta=10000, axes_dim=list(config["axes_dim_rope"]), axes_lens=[32, 32, 32], patch_size=2
+    )
+    mask = torch.ones(1, config["caption_length"], dtype=torch.bool)
+    _, _, image, *_ = module(torch.zeros(1, 1, 2 * h, 2 * w), mask)
+    return "complex", image[0]
+
+
+def _z_image(config, grid):
+    """The image ids of ``ZImageTransformer2DModel.patchify_and_embed``: after the caption."""
+    module = transformer_z_image.RopeEmbedder(
+        theta=config["rope_theta"], axes_dims=list(config["axes_dims"]), axes_lens=[64, 32, 32]
+    )
+    start = (config["caption_length"] + 1, 0, 0)
+    return "complex", module(grid_positions(*grid, start=start))
+
+
+def _cogvideox_rope(config, grid):
+    f, h, w = grid
+    patch = config["patch_size"]
+    if config.get("patch_size_t") is not None:
+        max_size = (config["sample_height"] // patch, config["sample_width"] // patch)
+        cos, sin = E.get_3d_rotary_pos_embed(
+            config["attention_head_dim"], None, (h, w), f, grid_type="slice", max_size=max_size
+        )
+        return "real", cos, sin
+    crop = cogvideox_crop((h, w), config["sample_width"] // patch, config["sample_height"] // patch)
+    return ("real", *E.get_3d_rotary_pos_embed(config["attention_head_dim"], crop, (h, w), f))
+
+
+def _cogvideox_sincos(config, grid):
+    f, h, w = grid
+    width = config["attention_head_dim"] * config["num_attention_heads"]
+    embed = E.CogVideoXPatchEmbed(
+        patch_size=2, in_channels=4, embed_dim=width, text_embed_dim=8,
+        sample_width=2 * w, sample_height=2 * h, sample_frames=4 * (f - 1) + 1,
+        max_text_seq_length=3, spatial_interpolation_scale=config["spatial_interpolation_scale"],
+        temporal_interpolation_scale=config["temporal_interpolation_scale"],
+    )  # fmt: skip
+    return "table", embed.pos_embedding[0, 3:]
+
+
+def _hunyuan_dit(config, grid):
+    _, h, w = grid
+    crop = hunyuan_crop((h, w), 512 // 8 // config["patch_size"])
+    return ("real", *E.get_2d_rotary_pos_embed(config["attention_head_dim"], crop, (h, w)))
+
+
+def _lumina_next(config, grid):
+    _, h, w = grid
+    head_dim = config["hidden_size"] // config["num_attention_heads"]
+    return "complex", E.get_2d_rotary_pos_embed_lumina(head_dim, h, w).reshape(h * w, -1)
+
+
+def _patch_embed(config, grid):
+    """PatchEmbed's table: its output on a zero latent less the projection's bias."""
+    _, h, w = grid
+    patch, width = (
+        config["patch_size"],
+        config["attention_head_dim"] * config["num_attention_heads"],
+    )
+    scale = config.get("interpolation_scale")
+    if config["_kind"] == "pixart" and scale is None:
+        scale = max(config["sample_size"] // 64, 1)
+    embed = E.PatchEmbed(
+        height=config["sample_size"], width=config["sample_size"], patch_size=patch,
+        in_channels=4, embed_dim=width, interpolation_scale=scale or 1,
+        pos_embed_max_size=config.get("pos_embed_max_size"),
+    )  # fmt: skip
+    with torch.no_grad():
+        out = embed(torch.zeros(1, 4, patch * h, patch * w))
+    return "table", (out[0] - embed.proj.bias).double()
+
+
+FLUX = {"attention_head_dim": 16, "axes_dims_rope": (4, 6, 6)}
+HUNYUAN = {"attention_head_dim": 16, "rope_axes_dim": (4, 6, 6), "rope_theta": 256.0}
+ROPE_CASES = [
+    Case("FluxTransformer2DModel", FLUX, (1, 3, 5), _pos_embed(transformer_flux.FluxPosEmbed)),
+    Case("ChromaTransformer2DModel", FLUX, (2, 3, 4), _pos_embed(transformer_flux.FluxPosEmbed)),
+    Case(
+        "LongCatImageTransformer2DModel", FLUX, (1, 4, 3),
+        _pos_embed(transformer_longcat_image.LongCatImagePosEmbed),
+    ),
+    Case(
+        "OvisImageTransformer2DModel", FLUX, (1, 4, 3),
+        _pos_embed(transformer_ovis_image.OvisImagePosEmbed),
+    ),
+    Case("BriaTransformer2DModel", FLUX, (1, 3, 3), _pos_embed(transformer_bria.BriaPosEmbed)),
+    Case(
+        "Flux2Transformer2DModel",
+        {"attention_head_dim": 16, "axes_dims_rope": (4, 4, 4, 4), "rope_theta": 2000},
+        (2, 3, 4), _pos_embed(transformer_flux2.Flux2PosEmbed),
+    ),
+    Case("QwenImageTransformer2DModel", FLUX, (2, 5, 4), _qwen),
+    Case(
+        "WanTransformer3DModel", {"attention_head_dim": 20}, (3, 4, 5),
+        _wan(transformer_wan.WanRotaryPosEmbed),
+    ),
+    Case(
+        "WanVACETransformer3DModel", {"attention_head_dim": 12}, (2, 3, 3),
+        _wan(transformer_wan.WanRotaryPosEmbed),
+    ),
+    Case(
+        "WanAnimateTransformer3DModel", {"attention_head_dim": 12}, (2, 3, 3),
+        _wan(transformer_wan_animate.WanRotaryPosEmbed),
+    ),
+    Case(
+        "SanaVideoTransformer3DModel", {"attention_head_dim": 12}, (2, 3, 3),
+        _wan(transformer_sana_video.WanRotaryPosEmbed),
+    ),
+    Case(
+        "SkyReelsV2Transformer3DModel", {"attention_head_dim": 18}, (2, 3, 4),
+        _wan(transformer_skyreels_v2.SkyReelsV2RotaryPosEmbed),
+    ),
+    Case(
+        "HunyuanVideoTransformer3DModel",
+        HUNYUAN, (3, 4, 5), _hunyuan_video(transformer_hunyuan_video.HunyuanVideoRotaryPosEmbed),
+    ),
+    Case(
+        "HunyuanVideo15Transformer3DModel", HUNYUAN, (2, 3, 4),
+        _hunyuan_video(transformer_hunyuan_video15.HunyuanVideo15RotaryPosEmbed),
+    ),
+    Case(
+        "MotifVideoTransformer3DModel", HUNYUAN, (2, 4, 3),
+        _hunyuan_video(transformer_motif_video.MotifVideoRotaryPosEmbed),
+    ),
+    Case(
+        "Flux3Transformer2DModel",
+        {"attention_head_dim": 16, "axes_dims_rope": (4, 4, 4, 4), "rope_theta": 10000},
+        (2, 3, 4), _pos_embed(transformer_flux3.Flux3PosEmbed),
+    ),
+    Case(
+        "Krea2Transformer2DModel",
+        {"attention_head_dim": 16, "axes_dims_rope": (4, 6, 6), "rope_theta": 1000.0},
+        (2, 3, 4), _pos_embed(transformer_krea2.Krea2RotaryPosEmbed),
+    ),
+    Case(
+        "HunyuanImageTransformer2DModel",
+        {"attention_head_dim": 16, "rope_axes_dim": (8, 8), "rope_theta": 256.0},
+        (1, 4, 5), _hunyuan_image,
+    ),
+    Case(
+        "Lumina2Transformer2DModel",
+        {"hidden_size": 32, "num_attention_heads": 2, "axes_dim_rope": (4, 6, 6),
+         "caption_length": 3},
+        (1, 3, 4), _lumina2,
+    ),
+    Case(
+        "ZImageTransformer2DModel",
+        {"dim": 32, "n_heads": 2, "axes_dims": (4, 6, 6), "rope_theta": 256.0,
+         "caption_length": 32},
+        (2, 3, 4), _z_image,
+    ),
+    Case(
+        "CogVideoXTransformer3DModel",
+        {"attention_head_dim": 16, "use_rotary_positional_embeddings": True, "patch_size": 2,
+         "patch_size_t": None, "sample_height": 12, "sample_width": 20},
+        (3, 4, 8), _cogvideox_rope, "rope",
+    ),
+    Case(
+        "CogVideoXTransformer3DModel",
+        {"attention_head_dim": 16, "use_rotary_positional_embeddings": True, "patch_size": 2,
+         "patch_size_t": 2, "sample_height": 12, "sample_width": 20},
+        (2, 4, 6), _cogvideox_rope, "rope-slice",
+    ),
+    Case(
+        "HunyuanDiT2DModel", {"attention_head_dim": 16, "patch_size": 2}, (1, 6, 4), _hunyuan_dit
+    ),
+    Case(
+        "LuminaNextDiT2DModel", {"hidden_size": 32, "num_attention_heads": 2}, (1, 3, 5),
+        _lumina_next,
+    ),
+]  # fmt: skip
+
+TABLE_CASES = [
+    Case(
+        "CogVideoXTransformer3DModel",
+        {"attention_head_dim": 8, "num_attention_heads": 2,
+         "use_rotary_positional_embeddings": False, "spatial_interpolation_scale": 1.875,
+         "temporal_interpolation_scale": 1.0},
+        (3, 4, 5), _cogvideox_sincos, "sincos",
+    ),
+    Case(
+        "DiTTransformer2DModel",
+        {"_kind": "dit", "attention_head_dim": 8, "num_attention_heads": 2, "sample_size": 8,
+         "patch_size": 2},
+        (1, 3, 5), _patch_embed,
+    ),
+    Case(
+        "PixArtTransformer2DModel",
+        {"_kind": "pixart", "attention_head_dim": 8, "num_attention_heads": 2, "sample_size": 128,
+         "patch_size": 2, "interpolation_scale": None, "caption_channels": 8},
+        (1, 4, 6), _patch_embed,
+    ),
+    Case(
+        "SD3Transformer2DModel",
+        {"_kind": "sd3", "attention_head_dim": 8, "num_attention_heads": 2, "sample_size": 8,
+         "patch_size": 2, "pos_embed_max_size": 12},
+        (1, 5, 8), _patch_embed,
+    ),
+]  # fmt: skip

@@ -1,0 +1,111 @@
+"""posenc.diffusers against diffusers' own position code, model class by model class.
+
+Each case builds diffusers' position module from a tiny config (``tests/_diffusers_cases``)
+and posenc's from the same config with ``posenc.from_diffusers``, at the positions
+``diffusers_positions`` builds for the same grid, and compares
+
+* RoPE: the cos/sin of every pair (posenc in float64) and queries rotated by diffusers'
+  ``apply_rotary_emb`` and by posenc's ``rotate`` (float32);
+* sin-cos tables: the whole table (posenc in float64).
+
+diffusers rounds its angles (and, where it computes them so, its frequencies) to float32,
+so the tolerance is ``c * eps32 * (1 + max |angle|)``: the float32 rounding of an angle of
+that size, a few times over.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("diffusers")
+
+from diffusers.models.embeddings import apply_rotary_emb
+
+from _diffusers_cases import ROPE_CASES, TABLE_CASES
+from posenc.diffusers import diffusers_positions, from_diffusers
+
+EPS32 = torch.finfo(torch.float32).eps
+
+
+def _config(case):
+    return {"_class_name": case.class_name, **case.config}
+
+
+def _tolerance(scale: float) -> float:
+    return 16 * EPS32 * (1.0 + scale)
+
+
+def _pairs(reference):
+    """diffusers' tables as ``(cos, sin)`` ``[N, P]`` float64, one value per pair."""
+    kind, *tables = reference
+    if kind == "complex":
+        (freqs,) = tables
+        return freqs.real.double(), freqs.imag.double()
+    cos, sin = tables
+    # repeat_interleave tables: both members of a pair carry the same value
+    torch.testing.assert_close(cos[:, 0::2], cos[:, 1::2], rtol=0, atol=0)
+    torch.testing.assert_close(sin[:, 0::2], sin[:, 1::2], rtol=0, atol=0)
+    return cos[:, 0::2].double(), sin[:, 0::2].double()
+
+
+def _diffusers_rotate(x, reference):
+    """Rotate ``x [B, H, N, D]`` as the model does with its tables."""
+    kind, *tables = reference
+    if kind == "complex":
+        out = apply_rotary_emb(x.transpose(1, 2), tables[0][None], use_real=False)
+        return out.transpose(1, 2)
+    return apply_rotary_emb(x, tuple(tables), use_real=True, use_real_unbind_dim=-1)
+
+
+@pytest.mark.parametrize("case", ROPE_CASES, ids=lambda c: c.id)
+def test_rope_matches_diffusers(case):
+    config = _config(case)
+    frames, height, width = case.grid
+    reference = case.reference(case.config, case.grid)
+    cos_ref, sin_ref = _pairs(reference)
+    rope = from_diffusers(config)
+    positions = diffusers_positions(config, frames=frames, height=height, width=width)
+    cos, sin = rope.cos_sin(positions, dtype=torch.float64)
+    angle = float(positions.abs().max()) * float(rope.inv_freq.max())
+    assert cos.shape == cos_ref.shape, (cos.shape, cos_ref.shape)
+    torch.testing.assert_close(cos, cos_ref, rtol=0, atol=_tolerance(angle))
+    torch.testing.assert_close(sin, sin_ref, rtol=0, atol=_tolerance(angle))
+
+    q = torch.randn(
+        2, 3, positions.shape[0], rope.head_dim, generator=torch.Generator().manual_seed(0)
+    )
+    expected = _diffusers_rotate(q, reference)
+    got, _ = rope.rotate(q, q, positions, positions)
+    scale = float(q.abs().max())
+    torch.testing.assert_close(got, expected, rtol=0, atol=_tolerance(angle) * scale)
+
+
+@pytest.mark.parametrize("case", TABLE_CASES, ids=lambda c: c.id)
+def test_sincos_table_matches_diffusers(case):
+    config = _config(case)
+    frames, height, width = case.grid
+    (_, reference) = case.reference(case.config, case.grid)
+    table = from_diffusers(config)
+    positions = diffusers_positions(config, frames=frames, height=height, width=width)
+    got = table.table(positions, dtype=torch.float64)
+    assert got.shape == reference.shape, (got.shape, reference.shape)
+    scale = float(positions.abs().max())
+    torch.testing.assert_close(got, reference.double(), rtol=0, atol=_tolerance(scale))
+
+
+def test_qwen_text_follows_the_centred_image():
+    """Qwen-Image's text tokens sit on the diagonal from ``max(H//2, W//2)``."""
+    from diffusers.models.transformers.transformer_qwenimage import QwenEmbedRope
+
+    from posenc.diffusers import text_positions
+
+    module = QwenEmbedRope(theta=10000, axes_dim=[4, 6, 6], scale_rope=True)
+    _, text = module([(1, 6, 9)], device=torch.device("cpu"), max_txt_seq_len=5)
+    rope = from_diffusers(
+        "QwenImageTransformer2DModel", attention_head_dim=16, axes_dims_rope=(4, 6, 6)
+    )
+    cos, sin = rope.cos_sin(text_positions(5, start=max(6 // 2, 9 // 2)), dtype=torch.float64)
+    atol = _tolerance(9.0)
+    torch.testing.assert_close(cos, text.real.double(), rtol=0, atol=atol)
+    torch.testing.assert_close(sin, text.imag.double(), rtol=0, atol=atol)
