@@ -97,7 +97,8 @@ def apply_hooks(
     Returns:
         ``{"embed": ...}`` (INPUT, on ``x`` at ``q_pos``), ``{"q": ..., "k": ...}`` (QK),
         ``{"bias": ...}`` (SCORE), ``{"value": ...}`` (VALUE, on the causal softmax of
-        ``q k^T``, so that a prefix of the queries and keys gives a prefix of the rows).
+        ``q k^T``, so that a prefix of the queries and keys gives a prefix of the rows),
+        ``{"weights": ...}`` (WEIGHTS, with the gates of ``x``, whose tokens are the keys').
     """
     out: dict[str, Tensor] = {}
     if enc.sites & Site.INPUT:
@@ -111,4 +112,8 @@ def apply_hooks(
         scores = (q @ k.transpose(-2, -1)).masked_fill(hidden.unsqueeze(-3), -torch.inf)
         probs = torch.softmax(scores, dim=-1)  # [B, H, Tq, Tk]
         out["value"] = enc.value_term(probs, q_pos, k_pos)
+    if enc.sites & Site.WEIGHTS:
+        gates = enc.gates(x)  # [B, H|1, Tk, G]
+        q_gates = gates[..., gates.shape[-2] - q.shape[-2] :, :]
+        out["weights"] = enc.weights(q, k, q_pos, k_pos, q_gates, gates)
     return out

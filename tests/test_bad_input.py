@@ -284,7 +284,7 @@ def test_empty_and_one_token_sequences(name):
         part = apply_hooks(enc, x[:, cut], q[..., cut, :], k[..., cut, :], pos[cut], pos[cut])
         for key, value in part.items():
             rows = full[key][..., cut, :]  # [..., length, *]
-            expected = rows[..., cut] if key == "bias" else rows
+            expected = rows[..., cut] if key in ("bias", "weights") else rows
             assert value.shape[-2:] == expected.shape[-2:], key
             torch.testing.assert_close(value, expected.expand_as(value), **tol)
         torch.testing.assert_close(mha(x[:, cut]), full_attn[:, cut], **tol)
@@ -342,7 +342,10 @@ def test_nan_and_inf_propagate_to_the_outputs_that_read_them(name, bad):
         "q": (b, h, t),
         "bias": (b, h, t) if "bias" in clean and _reads_q(enc, pos) else None,
         "value": (b, h, t),  # the probabilities of query t read q[t]
+        "weights": (b, slice(None), slice(t, None)),  # FoX: x[t]'s gate reaches later rows
     }
+    if name == "dape":  # its MLP mixes the heads of each (query, key) pair
+        touched["bias"] = (b, slice(None), t)
     for key, value in dirty.items():
         where = touched.get(key)
         keep = torch.ones_like(value, dtype=torch.bool)

@@ -11,7 +11,10 @@ The layer calls its encoding's hooks and never needs to know which encoding it h
 2. ``score_bias(q_block, k_all, q_pos_block, k_pos_all)`` (SCORE site), ``k_all``
    expanded to ``H`` heads, once per query block, possibly with a prefix of the keys
    (under a causal mask, keys no query of the block can see are skipped);
-3. ``value_term(probs, q_pos, k_pos)`` (VALUE site), added to ``probs @ v``.
+3. ``value_term(probs, q_pos, k_pos)`` (VALUE site), added to ``probs @ v``;
+4. ``gates(x, cached_gates)`` (WEIGHTS site) on the layer's input, cached beside the keys,
+   then ``weights(q_block, k_all, q_pos, k_pos, q_gates, k_gates, mask)`` in place of the
+   softmax of the logits (data-dependent attention: FoX, stick-breaking).
 
 The INPUT site (``embed``) is *not* applied here: the model adds it to the token
 embeddings once, before the first layer (``x = position.embed(tok_emb, positions)``).
@@ -243,7 +246,10 @@ class MultiHeadAttention(nn.Module):
         q = self.q_proj(x).view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        where = (q_pos, rotary_pos, cache, key_padding_mask, segment_ids, aligned)
+        gates = None  # WEIGHTS site: per-token gates from the layer's input, [B, H, T, G]
+        if self.position.sites & Site.WEIGHTS:
+            gates = self.position.gates(x, None if cache is None else cache.gates)
+        where = (q_pos, rotary_pos, cache, key_padding_mask, segment_ids, aligned, gates)
         if self.attention_dtype is None:
             out = self._core(q, k, v, *where)
         else:
@@ -263,6 +269,7 @@ class MultiHeadAttention(nn.Module):
         key_padding_mask: Tensor | None,
         segment_ids: Tensor | None,
         aligned: bool,
+        gates: Tensor | None,
     ) -> Tensor:
         """Rotation, cache and attention of ``q [B, H, T, D]``, ``k, v [B, Hkv, T, D]``:
         ``[B, H, T, D]``."""
@@ -276,8 +283,11 @@ class MultiHeadAttention(nn.Module):
 
         k_pos, k_mask, k_seg = q_pos, key_padding_mask, segment_ids
         if cache is not None:
-            cache.append(k, v, q_pos, key_padding_mask=key_padding_mask, segment_ids=segment_ids)
-            k, v, k_pos = cache.keys, cache.values, cache.positions  # Tk = past + T
+            cache.append(
+                k, v, q_pos, key_padding_mask=key_padding_mask, segment_ids=segment_ids,
+                gates=gates,
+            )  # fmt: skip
+            k, v, k_pos, gates = cache.keys, cache.values, cache.positions, cache.gates
             k_mask, k_seg = cache.key_padding_mask, cache.segment_ids
         if k_pos.dim() != q_pos.dim():  # one of them per sequence: both [B, *]
             q_pos, k_pos = (p if p.dim() == 2 else p.expand(batch, -1) for p in (q_pos, k_pos))
@@ -291,6 +301,7 @@ class MultiHeadAttention(nn.Module):
             backend=self.backend,
             block_size=self.block_size,
             dropout_p=self.dropout if self.training else 0.0,
+            gates=gates,
         )  # [B, H, T, D]
 
     def extra_repr(self) -> str:

@@ -26,6 +26,12 @@ Backends:
   Chen et al. 2016), so forward and backward hold ``O(B * H * block_size * Tk)`` extra
   memory and never a ``[H, Tq, Tk]`` tensor; the backward is itself differentiable.
 
+WEIGHTS-site encodings (data-dependent attention: FoX, stick-breaking) replace the
+softmax of the logits by their own ``weights`` hook, given per-token gates; every backend
+runs them by query blocks (``posenc.attention_blocks.weights_block``), ``chunked`` in
+blocks of ``block_size``, the others in one. Their backward keeps every block's weights
+(no recomputation): ``O(B * H * Tq * Tk)`` memory with gradients.
+
 Masking: a key is visible to a query iff ``k_pos <= q_pos`` (causal), the key is not
 padding, and both lie in the same segment (packed sequences). A query with no visible key
 outputs zeros (not NaN), in every backend, forward and backward.
@@ -45,7 +51,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from posenc.attention_blocks import general_block, offset_block, offset_table
+from posenc.attention_blocks import general_block, offset_block, offset_table, weights_block
 from posenc.attention_grad import forbid_double_backward, recompute
 from posenc.attention_memory import peak_tensor_bytes
 from posenc.base import PositionalEncoding, Site
@@ -155,6 +161,7 @@ def attend(
     block_size: int = DEFAULT_BLOCK_SIZE,
     dropout_p: float = 0.0,
     scale: float | None = None,
+    gates: Tensor | None = None,
 ) -> Tensor:
     """Attention of ``q [B, H, Tq, D]`` over ``k, v [B, H, Tk, D]`` with ``position``'s
     SCORE and VALUE hooks (QK is applied by the caller, before caching).
@@ -170,14 +177,16 @@ def attend(
         block_size: queries per block of the chunked backend.
         dropout_p: attention dropout (applied to the probabilities).
         scale: logits scale; ``1 / sqrt(D)`` when None.
+        gates: ``[B, H, Tk, G]`` per-key gates of a WEIGHTS-site encoding (the queries are
+            the last ``Tq`` keys); required by, and only read for, such an encoding.
 
     Returns:
         ``[B, H, Tq, D]`` in ``q``'s dtype. A row is non-finite only if its query, or a
         key or value it may see, is (then NaN); masked keys never reach it.
 
     Raises:
-        ValueError: a VALUE encoding with ``backend="sdpa"``, an unknown backend, or a
-            hook output of the wrong shape.
+        ValueError: a VALUE encoding with ``backend="sdpa"``, an unknown backend, a
+            hook output of the wrong shape, or a WEIGHTS encoding without ``gates``.
         RuntimeError: a double backward (``create_graph=True``) through ``backend="sdpa"``
             or through attention dropout.
     """
@@ -187,7 +196,7 @@ def attend(
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     run = functools.partial(
         _attend, position=position, masking=masking, backend=backend,
-        block_size=block_size, dropout_p=dropout_p, scale=scale,
+        block_size=block_size, dropout_p=dropout_p, scale=scale, gates=gates,
     )  # fmt: skip
     out = run(q, k, v)
     if torch.compiler.is_compiling() or bool(out.sum().isfinite()):  # one pass over out
@@ -235,9 +244,13 @@ def _attend(
     block_size: int,
     dropout_p: float,
     scale: float,
+    gates: Tensor | None,
 ) -> Tensor:
     """``attend`` with a resolved backend, before the non-finite check."""
     sites = position.sites
+    if sites & Site.WEIGHTS:
+        size = None if backend != "chunked" or q.shape[-2] <= block_size else block_size
+        return _attend_weights(q, k, v, gates, position, masking, size, dropout_p)
     use_sdpa = backend == "sdpa" or (backend == "chunked" and not sites & Site.VALUE)
     kernel = functools.partial(
         general_block,
@@ -277,4 +290,40 @@ def _attend(
             )
             blk = (q_blk, k[..., num_k - limit :, :], v[..., num_k - limit :, :], table.values)
         outs.append(recompute(fn, *blk, dropout=dropout_p > 0) if grad else fn(*blk))
+    return torch.cat(outs, dim=-2)
+
+
+def _attend_weights(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    gates: Tensor | None,
+    position: PositionalEncoding,
+    masking: Masking,
+    block_size: int | None,
+    dropout_p: float,
+) -> Tensor:
+    """A WEIGHTS-site encoding's attention, by query blocks of ``block_size`` (None: one)."""
+    num_q, num_k = q.shape[-2], k.shape[-2]
+    if gates is None or gates.shape[-2] != num_k:
+        got = None if gates is None else tuple(gates.shape)
+        raise ValueError(
+            f"{type(position).__name__} computes its attention weights from per-key gates "
+            f"[B, H, Tk={num_k}, G]; got {got}"
+        )
+    q_gates = gates[..., num_k - num_q :, :]  # the queries are the last Tq keys
+    kernel = functools.partial(
+        weights_block, masking=masking, position=position, dropout_p=dropout_p
+    )
+    if block_size is None:  # one block: a guard under torch.compile, not one graph per T
+        starts, ranges, block_size = [0], [(0, num_k)], num_q
+    else:
+        starts = list(range(0, num_q, block_size))
+        ranges = masking.key_ranges(starts, block_size, num_k)
+    outs = []
+    for start, (_, limit) in zip(starts, ranges, strict=True):
+        stop = start + block_size
+        blk = (q[..., start:stop, :], k[..., :limit, :], v[..., :limit, :])
+        blk += (q_gates[..., start:stop, :], gates[..., :limit, :])
+        outs.append(kernel(*blk, start=start))
     return torch.cat(outs, dim=-2)

@@ -16,7 +16,10 @@ Shapes: ``B`` batch, ``H`` heads, ``Tb`` queries of the block, ``Tq`` queries in
   mask. Nothing of size ``Tb x Tk`` is written (the Toeplitz structure of a relative
   bias: Gray 2006, "Toeplitz and Circulant Matrices: A Review").
 
-Both take ``exact``: True runs the eager formula instead of SDPA, whose fused CPU/CUDA
+* ``weights_block``: a WEIGHTS-site encoding's own weights (``weights`` hook, from the
+  queries, the keys and their gates) times the values.
+
+All take ``exact``: True runs the eager formula instead of SDPA, whose fused CPU/CUDA
 kernels have a backward that is not itself differentiable (used for double backward).
 """
 
@@ -35,7 +38,14 @@ from posenc.encodings._relative import consecutive_runs
 if TYPE_CHECKING:
     from posenc.attention_backends import Masking
 
-__all__ = ["OffsetTable", "check_term", "general_block", "offset_block", "offset_table"]
+__all__ = [
+    "OffsetTable",
+    "check_term",
+    "general_block",
+    "offset_block",
+    "offset_table",
+    "weights_block",
+]
 
 
 def check_term(what: str, term: Tensor, want: tuple[int, ...], position: PositionalEncoding):
@@ -204,3 +214,34 @@ def offset_block(
     return F.scaled_dot_product_attention(
         q, k_rev, v_rev, attn_mask=hankel, dropout_p=dropout_p, scale=scale
     )
+
+
+def weights_block(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    q_gates: Tensor,
+    k_gates: Tensor,
+    *params: Tensor,
+    masking: Masking,
+    start: int,
+    position: PositionalEncoding,
+    dropout_p: float,
+    exact: bool = False,
+) -> Tensor:
+    """Attention of the query block ``q [B, H, Tb, D]`` starting at ``start`` over the first
+    ``Tk`` keys ``k, v``, weighted by ``position.weights`` (WEIGHTS site) with the gates
+    ``q_gates [B, H, Tb, G]`` and ``k_gates [B, H, Tk, G]``.
+
+    ``params`` are passed for a recomputing backward only; ``exact`` changes nothing (no
+    fused kernel runs here).
+    """
+    del params, exact
+    stop, num_keys = start + q.shape[-2], k.shape[-2]
+    q_pos, k_pos = masking.q_pos[..., start:stop], masking.k_pos[..., :num_keys]
+    mask = masking.block(start, stop, slice(0, num_keys))  # [B|1, 1, Tb, Tk] or None
+    probs = position.weights(q, k, q_pos, k_pos, q_gates, k_gates, mask)
+    check_term("weights", probs, (q.shape[0], q.shape[1], q.shape[2], num_keys), position)
+    probs = probs.to(v.dtype)
+    probs = F.dropout(probs, dropout_p) if dropout_p > 0 else probs
+    return torch.matmul(probs, v)

@@ -50,6 +50,8 @@ class KVCache:
         positions: ``[Tk]`` or ``[B, Tk]`` key positions, or None.
         key_padding_mask: ``[B, Tk]`` bool (True = attend), or None when no call gave one.
         segment_ids: ``[B, Tk]`` document ids of packed sequences, or None.
+        gates: ``[B, H, Tk, G]`` per-token gates of a WEIGHTS-site encoding (FoX's
+            cumulative log forget gates), or None.
         rotations: per encoding (by ``id``), the frequencies the cached keys were rotated
             with, so length-dependent RoPE scalings can re-rotate them (``sync_cache``).
     """
@@ -64,6 +66,7 @@ class KVCache:
         self.positions: Tensor | None = None
         self.key_padding_mask: Tensor | None = None
         self.segment_ids: Tensor | None = None
+        self.gates: Tensor | None = None
         #: What each length-dependent encoding last rotated the keys with (its own records).
         self.rotations: dict[int, object] = {}
 
@@ -106,6 +109,7 @@ class KVCache:
         *,
         key_padding_mask: Tensor | None = None,
         segment_ids: Tensor | None = None,
+        gates: Tensor | None = None,
     ) -> None:
         """Append ``T`` new keys/values (``[B, Hkv, T, D]``) with their positions.
 
@@ -117,6 +121,7 @@ class KVCache:
                 replacing the cached mask); True = attend. None: all new keys attend.
             segment_ids: ``[B, T]`` document ids of the new keys; must be given on every
                 call or on none.
+            gates: ``[B, H, T, G]`` gates of the new tokens (WEIGHTS-site encodings).
 
         Raises:
             ValueError: shapes that do not match the cache, a mask of another length, or
@@ -134,6 +139,8 @@ class KVCache:
         if segment_ids is not None:
             old = self.segment_ids
             self.segment_ids = segment_ids if old is None else torch.cat((old, segment_ids), -1)
+        if gates is not None:
+            self.gates = gates if self.gates is None else torch.cat((self.gates, gates), -2)
         if self.keys is None:
             self.keys, self.values, self.positions = keys, values, positions
         else:

@@ -2,6 +2,14 @@
 
 from posenc.encodings.alibi import ALiBi, alibi_bias, alibi_slopes
 from posenc.encodings.cope import CoPE, cope_bias, cope_positions
+from posenc.encodings.data_dependent import (
+    DAPE,
+    ForgettingAttention,
+    StickBreakingAttention,
+    dape_bias,
+    fox_weights,
+    stick_breaking_weights,
+)
 from posenc.encodings.disentangled import (
     DisentangledAttention,
     RelativeEmbeddingTable,
@@ -53,6 +61,7 @@ from posenc.encodings.sinusoidal import SinusoidalPositionalEncoding, sinusoidal
 from posenc.encodings.t5 import T5RelativeBias, t5_relative_bias, t5_relative_position_bucket
 
 __all__ = [
+    "DAPE",
     "FIRE",
     "KERPLE",
     "KERPLE_KERNELS",
@@ -62,6 +71,7 @@ __all__ = [
     "DefaultRope",
     "DisentangledAttention",
     "DynamicNTKScaling",
+    "ForgettingAttention",
     "FrequencyChange",
     "LearnedPositionalEncoding",
     "LinearScaling",
@@ -79,6 +89,7 @@ __all__ = [
     "Sandwich",
     "ShawRelativePosition",
     "SinusoidalPositionalEncoding",
+    "StickBreakingAttention",
     "T5RelativeBias",
     "XPos",
     "YarnScaling",
@@ -88,11 +99,13 @@ __all__ = [
     "axial_positions",
     "cope_bias",
     "cope_positions",
+    "dape_bias",
     "dinov3_positions",
     "disentangled_bias",
     "disentangled_relative_index",
     "fire_bias",
     "fire_normalized_distance",
+    "fox_weights",
     "kerple_bias",
     "log_bucket_position",
     "mrope_decode_positions",
@@ -109,6 +122,7 @@ __all__ = [
     "shaw_score_bias",
     "shaw_value_term",
     "sinusoidal_table",
+    "stick_breaking_weights",
     "t5_relative_bias",
     "t5_relative_position_bucket",
     "xpos_scale",

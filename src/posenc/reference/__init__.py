@@ -22,6 +22,12 @@ from posenc.reference.biases import (
     t5_relative_position_bucket,
 )
 from posenc.reference.content_biases import cope_bias, shaw_attention, shaw_logits
+from posenc.reference.data_dependent import (
+    dape_bias,
+    fox_attention,
+    fox_log_forget,
+    stick_breaking_attention,
+)
 from posenc.reference.rope import (
     dynamic_ntk_frequencies,
     linear_frequencies,
@@ -43,8 +49,11 @@ __all__ = [
     "alibi_bias",
     "alibi_slopes",
     "cope_bias",
+    "dape_bias",
     "dynamic_ntk_frequencies",
     "fire_bias",
+    "fox_attention",
+    "fox_log_forget",
     "interpolate_table",
     "kerple_bias",
     "linear_frequencies",
@@ -61,6 +70,7 @@ __all__ = [
     "sinusoidal_frequencies",
     "sinusoidal_positional_encoding",
     "sinusoidal_positional_encoding_at",
+    "stick_breaking_attention",
     "t5_bias",
     "t5_relative_position_bucket",
     "xpos_rotate",
