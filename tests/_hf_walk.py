@@ -204,6 +204,11 @@ class RotaryCase:
         return found
 
 
+#: modeling modules the walk could not import (a dependency transformers does not require
+#: is missing) -> the error; their rotary embeddings are not walked
+UNIMPORTABLE: dict[str, str] = {}
+
+
 @functools.cache
 def discover() -> tuple[RotaryCase, ...]:
     """Every ``*RotaryEmbedding`` class of the installed transformers (cached per process)."""
@@ -216,7 +221,11 @@ def discover() -> tuple[RotaryCase, ...]:
         if not names:
             continue
         dotted = f"transformers.models.{path.parent.name}.{path.stem}"
-        module = importlib.import_module(dotted)
+        try:
+            module = importlib.import_module(dotted)
+        except ModuleNotFoundError as exc:  # an optional dependency (torchvision in 5.0's SAM 3)
+            UNIMPORTABLE[dotted] = str(exc)
+            continue
         for name in names:
             params = list(inspect.signature(getattr(module, name).__init__).parameters.values())
             annotation = params[1].annotation if len(params) > 1 else None
