@@ -21,6 +21,8 @@ import importlib.util
 
 from torch import Tensor
 
+from posenc._checks import check_bool
+
 __all__ = ["apply_rope", "available"]
 
 
@@ -60,8 +62,11 @@ def apply_rope(
         ValueError: mismatched shapes or devices, ``R > D``, a CPU tensor outside the
             interpreter, ``cos``/``sin`` that require grad, or an in-place ``x`` whose
             elements overlap.
-        TypeError: non-tensor, non-floating or complex inputs.
+        TypeError: non-tensor, non-floating or complex inputs; ``interleaved`` or
+            ``inplace`` not a bool (a truthy string would pick a layout silently).
     """
+    interleaved = check_bool("interleaved", interleaved)
+    inplace = check_bool("inplace", inplace)
     if not available():
         raise ImportError("posenc.triton needs Triton: pip install triton")
     from posenc.triton.rope import rope

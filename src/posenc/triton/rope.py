@@ -20,7 +20,8 @@ from torch import Tensor
 from triton.runtime.interpreter import InterpretedFunction
 
 from posenc._dtypes import compute_dtype
-from posenc.encodings.rotary.apply import rotation_function
+from posenc.encodings.rotary.apply import check_no_overlap, shares_memory
+from posenc.encodings.rotary.rope_op import rotation_function
 
 __all__ = ["rope"]
 
@@ -151,11 +152,11 @@ _Rope = rotation_function(_launch)
 def rope(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool, inplace: bool) -> Tensor:
     """``posenc.triton.apply_rope`` once Triton is imported (see there)."""
     _check(x, cos, sin)
-    if inplace and any(s == 0 and n > 1 for s, n in zip(x.stride(), x.shape, strict=True)):
-        raise ValueError(
-            f"x (shape {tuple(x.shape)}, strides {x.stride()}) has overlapping elements; "
-            "rotate a copy (inplace=False) instead"
-        )
+    if inplace:
+        check_no_overlap(x, hint="rotate a copy (inplace=False) instead")
+        # tables that share x's memory are read as they were before the call
+        cos = cos.clone() if shares_memory(x, cos) else cos
+        sin = sin.clone() if shares_memory(x, sin) else sin
     if torch.is_grad_enabled() and x.requires_grad:
         return _Rope.apply(x, cos, sin, interleaved, inplace, False)
     out = x if inplace else torch.empty_like(x)

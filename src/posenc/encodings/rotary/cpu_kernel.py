@@ -1,94 +1,188 @@
 """The compiled CPU kernel behind ``apply_rope``: build it once, load it, call it.
 
 Shapes: ``B`` batch, ``H`` heads, ``T`` length, ``D`` head_dim, ``R`` rotary dim.
-``rope_cpu.cpp`` rotates every row of ``x [B, H, T, D]`` in one pass (read once, write
-once, any strides, in place or not) with ``at::parallel_for``
-over rows; float32, float64, bfloat16 and float16, half precision rotated in float32
-and rounded once. It is compiled ahead of time by ``python -m
-posenc.encodings.rotary.build_kernel`` (``scripts/setup.sh`` runs it; a few seconds
-with g++) into a shared library beside this file whose name carries the torch version
-and a hash of the source, so a stale or foreign build is never loaded. Nothing compiles
-at run time: when the library is missing, fails to load, or ``POSENC_CPU_KERNEL=0`` is
-set, ``apply_rope`` runs its PyTorch implementation instead, and ``status()`` (shown by
-``posenc --version`` and ``posenc bench``) says which path is active and why.
+``rope_cpu.cpp`` (shipped inside the package) rotates every row of ``x [B, H, T, D]``
+in one pass (read once, write once, any strides, in place or not) with
+``at::parallel_for`` over rows; float32, float64, bfloat16 and float16, half precision
+rotated in float32 and rounded once. It registers the operator
+``torch.ops.posenc_cpu.rope_into`` for CPU tensors.
+
+When it is built: on first use (the first CPU ``apply_rope``, ``posenc --version``, or
+``python -m posenc.encodings.rotary.build_kernel``, which the set-up runs), by
+``torch.utils.cpp_extension`` (a C++ compiler and ninja; about 10 s), into the user's
+cache directory: ``$POSENC_CACHE_DIR``, else ``$XDG_CACHE_HOME/posenc``, else
+``~/.cache/posenc``, under ``kernels/`` in a folder whose name carries the torch and
+Python versions, the machine and a hash of the source and flags, so a stale or foreign
+build is never loaded. A finished build is recorded with the SHA-256 of its library,
+and a library is loaded only when that record matches: a truncated or altered file is
+rebuilt, or, where it cannot be, left alone. Builds take a file lock, so processes
+starting together build once.
+
+When the kernel is off, missing a compiler, failing to build or to load (for any
+reason), or ``POSENC_CPU_KERNEL=0`` is set, ``apply_rope`` runs its PyTorch path, and
+``status()`` (shown by ``posenc --version`` and ``posenc bench``) says so and why.
+``POSENC_KERNEL_CFLAGS`` adds compiler flags (CI builds one with
+``-fsanitize=address,undefined``); they are part of the folder's hash.
 """
 
 from __future__ import annotations
 
-import ctypes
+import contextlib
 import functools
 import hashlib
+import logging
 import os
-import re
-import subprocess
-import tempfile
+import platform
+import shutil
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-__all__ = ["build", "library_path", "rotate", "status"]
+__all__ = ["build", "build_directory", "library_path", "rotate", "status"]
 
 SOURCE = Path(__file__).with_name("rope_cpu.cpp")
 ENV_SWITCH = "POSENC_CPU_KERNEL"
-_DTYPE_CODES = {torch.float32: 0, torch.float64: 1, torch.bfloat16: 2, torch.float16: 3}
-_Int64x4 = ctypes.c_int64 * 4
+ENV_CACHE = "POSENC_CACHE_DIR"
+ENV_CFLAGS = "POSENC_KERNEL_CFLAGS"
+ACTIVE = "compiled C++ kernel"
+NAME = "posenc_rope_cpu"
+_BASE_FLAGS = ("-O3", "-fopenmp", "-ffp-contract=off")  # no FMA: same bits as PyTorch ops
+_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+_log = logging.getLogger("posenc")
+
+
+def _flags() -> list[str]:
+    return [*_BASE_FLAGS, *os.environ.get(ENV_CFLAGS, "").split()]
+
+
+def cache_directory() -> Path:
+    """The user's cache directory for posenc (``$POSENC_CACHE_DIR``, XDG, ``~/.cache``)."""
+    if os.environ.get(ENV_CACHE):
+        return Path(os.environ[ENV_CACHE])
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "posenc"
+
+
+def build_directory() -> Path:
+    """Where the kernel built from this source, torch, Python and flags lives."""
+    digest = hashlib.sha256(SOURCE.read_bytes())
+    digest.update(" ".join(_flags()).encode())
+    tag = f"torch{torch.__version__}-py{sys.version_info[0]}{sys.version_info[1]}"
+    tag = "".join(c if c.isalnum() or c in "-." else "_" for c in tag)
+    name = f"rope_cpu-{tag}-{platform.machine()}-{digest.hexdigest()[:12]}"
+    return cache_directory() / "kernels" / name
 
 
 def library_path() -> Path:
-    """Where the library built from this source for this torch version lives."""
-    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
-    torch_tag = re.sub(r"[^A-Za-z0-9]+", "_", torch.__version__)
-    return SOURCE.with_name(f"_rope_cpu_torch{torch_tag}_{digest}.so")
+    """The kernel's shared library (which may not be built yet)."""
+    return build_directory() / f"{NAME}.so"
 
 
-def build(*, compiler: str = "g++") -> Path:
-    """Compile ``rope_cpu.cpp`` against the installed torch; returns the library's path.
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
-    The library is written to a temporary file and renamed into place, so a failed or
-    interrupted build never leaves a broken library behind.
+
+def _stamp(library: Path) -> Path:
+    return library.with_name(library.name + ".sha256")
+
+
+def _verified(library: Path) -> bool:
+    """True when ``library`` is the file a finished build recorded, byte for byte."""
+    stamp = _stamp(library)
+    if not (library.is_file() and stamp.is_file()):
+        return False
+    return stamp.read_text().strip() == _sha256(library)
+
+
+@contextlib.contextmanager
+def _locked(directory: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``directory`` (released when the process dies)."""
+    import fcntl
+
+    with open(directory / ".posenc.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _compiler_problem() -> str | None:
+    """Why ``torch.utils.cpp_extension`` cannot build here, or ``None``."""
+    from torch.utils import cpp_extension
+
+    compiler = os.environ.get("CXX", "c++")
+    if shutil.which(compiler) is None:
+        return f"no C++ compiler: {compiler!r} not found (set CXX)"
+    if not cpp_extension.is_ninja_available():
+        return "ninja not found (pip install ninja)"
+    return None
+
+
+def build() -> Path:
+    """Build the kernel if no verified build exists, and load it into this process.
+
+    Returns:
+        The library's path.
 
     Raises:
-        RuntimeError: the compiler is missing or reports an error (its output included).
+        RuntimeError: no compiler or ninja, a failed build (the compiler's message
+            included), a source file missing from the installation, or a library that
+            fails to load.
     """
-    target = library_path()
-    torch_root = Path(torch.__file__).parent  # the wheel ships headers and libraries
-    lib_dir = torch_root / "lib"
-    includes = [f"-I{torch_root / 'include'}"]
-    links = [f"-L{lib_dir}", f"-Wl,-rpath,{lib_dir}"]
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-    os.close(fd)
-    command = [compiler, "-O3", "-std=c++17", "-shared", "-fPIC", "-fopenmp", *includes]
-    command += [str(SOURCE), "-o", tmp, *links, "-ltorch_cpu", "-lc10"]
-    try:
-        result = subprocess.run(command, capture_output=True, text=True, check=False)
-    except OSError as err:
-        os.unlink(tmp)
-        raise RuntimeError(f"cannot run the C++ compiler {compiler!r}: {err}") from err
-    if result.returncode != 0:
-        os.unlink(tmp)
-        raise RuntimeError(f"{compiler} failed to build {SOURCE.name}:\n{result.stderr}")
-    os.chmod(tmp, 0o755)
-    os.replace(tmp, target)
-    return target
+    if not SOURCE.is_file():
+        raise RuntimeError(f"{SOURCE.name} is missing from the installed package")
+    directory = build_directory()
+    library = directory / f"{NAME}.so"
+    if _verified(library):
+        torch.ops.load_library(str(library))
+        return library
+    from torch.utils import cpp_extension
+
+    problem = _compiler_problem()
+    if problem is not None:
+        if library.exists():
+            problem = f"{library} failed its checksum and cannot be rebuilt: {problem}"
+        raise RuntimeError(problem)
+    directory.mkdir(parents=True, exist_ok=True)
+    with _locked(directory):
+        if not _verified(library):  # nobody built it while this process waited
+            for stale in (library, _stamp(library), directory / "lock"):
+                stale.unlink(missing_ok=True)  # never load an unrecorded file
+            _log.info("posenc: compiling the CPU RoPE kernel into %s", directory)
+            flags = _flags()
+            sanitizers = [f for f in flags if f.startswith("-fsanitize")]
+            cpp_extension.load(
+                name=NAME,
+                sources=[str(SOURCE)],
+                extra_cflags=flags,
+                extra_ldflags=sanitizers,
+                build_directory=str(directory),
+                is_python_module=False,
+                verbose=False,
+            )
+            temporary = _stamp(library).with_suffix(".tmp")
+            temporary.write_text(_sha256(library))
+            os.replace(temporary, _stamp(library))
+    torch.ops.load_library(str(library))
+    return library
 
 
 @functools.cache
-def _load() -> tuple[ctypes._CFuncPtr | None, str]:
-    """The kernel's entry point, or ``None`` with the reason it is not available."""
+def _load() -> tuple[Callable[..., None] | None, str]:
+    """The kernel's operator, or ``None`` with the reason it is not available."""
     if os.environ.get(ENV_SWITCH, "1") == "0":
         return None, f"disabled by {ENV_SWITCH}=0"
-    path = library_path()
-    if not path.is_file():
-        return None, "not built (run: python -m posenc.encodings.rotary.build_kernel)"
     try:
-        func = ctypes.CDLL(str(path)).posenc_rope
-    except (OSError, AttributeError) as err:
-        return None, f"failed to load {path.name}: {err}"
-    func.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 4 + [ctypes.POINTER(ctypes.c_int64)] * 3
-    func.argtypes += [ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
-    func.restype = ctypes.c_int
-    return func, "compiled C++ kernel"
+        build()
+    except Exception as err:  # any failure means the PyTorch path, never a dead process
+        reason = " ".join(str(err).split()) or type(err).__name__
+        return None, reason[:400]
+    return torch.ops.posenc_cpu.rope_into, ACTIVE
 
 
 def status() -> str:
@@ -101,10 +195,11 @@ def rotate(out: Tensor, x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: boo
     """Write the rotation of ``x`` into ``out`` (``out is x``: in place) if the kernel can.
 
     Args:
-        out: ``[B, H, T, D]``, ``x`` itself or a tensor that does not overlap it.
-        x: ``[B, H, T, D]``, checked by the caller.
+        out: ``[B, H, T, D]``, ``x`` itself or a fresh tensor that does not overlap it.
+        x: ``[B, H, T, D]``, checked by the caller: a strided tensor without lazy
+            negation or zero bits whose elements do not overlap when ``out is x``.
         cos: ``[T, R/2]`` or ``[B|1, 1, T, R/2]`` in the compute dtype (float32, or
-            float64 for float64 ``x``), as ``apply._tables`` returns them.
+            float64 for float64 ``x``), not sharing memory with ``out``.
         sin: the same shape as ``cos`` (``-sin`` for the inverse rotation).
         interleaved: pair layout.
 
@@ -112,24 +207,13 @@ def rotate(out: Tensor, x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: boo
         ``True`` when the kernel wrote ``out``; ``False`` (nothing written) when it is
         unavailable or the inputs are not CPU tensors of a floating dtype it handles.
     """
+    if x.dtype not in _DTYPES or x.device.type != "cpu" or out.device.type != "cpu":
+        return False
     func, _ = _load()
-    code = _DTYPE_CODES.get(x.dtype)
-    if func is None or code is None or x.device.type != "cpu" or out.device.type != "cpu":
+    if func is None:
         return False
     half = cos.shape[-1]
     cos = cos.reshape(-1, x.shape[2], half).contiguous()  # [B|1, T, R/2]
     sin = sin.reshape(-1, x.shape[2], half).contiguous()
-    status_code = func(
-        code,
-        x.data_ptr(),
-        out.data_ptr(),
-        cos.data_ptr(),
-        sin.data_ptr(),
-        _Int64x4(*x.shape),
-        _Int64x4(*x.stride()),
-        _Int64x4(*out.stride()),
-        2 * half,
-        cos.shape[0],
-        int(interleaved),
-    )
-    return status_code == 0
+    func(x, out, cos, sin, interleaved)
+    return True

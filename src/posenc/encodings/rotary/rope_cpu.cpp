@@ -2,18 +2,26 @@
 //
 // Shapes: B batch, H heads, T length, D head_dim, R rotary dim (even, R <= D).
 // x and out are [B, H, T, D] with any strides (out may be x: in place); cos and sin
-// are contiguous [Bc, T, R/2] tables (Bc = 1 when shared by the batch) in the compute type: float for float32, bfloat16 and float16 inputs, double
-// for float64. Every row of D features is read once and written once: each pair
-// (a, b) becomes (a cos - b sin, a sin + b cos) computed in the compute type and rounded
-// once to x's type; features R..D-1 are copied when out is not x. Rows are handed out
-// to at::parallel_for's threads in small blocks from a shared counter, so a thread that
-// the OS preempts delays the call by one block, not by half the work.
+// are contiguous [Bc, T, R/2] tables (Bc = 1 when shared by the batch) in the compute
+// type: float for float32, bfloat16 and float16 inputs, double for float64. Every row
+// of D features is read once and written once: each pair (a, b) becomes
+// (a cos - b sin, a sin + b cos), each product and sum rounded in the compute type (no
+// fused multiply-add, so every layout and the PyTorch path give the same bits), then
+// rounded once to x's type; features R..D-1 are copied when out is not x. Rows are
+// handed out to at::parallel_for's threads in small blocks from a shared counter, so a
+// thread that the OS preempts delays the call by one block, not by half the work.
 //
-// Built by `python -m posenc.encodings.rotary.build_kernel`, called through ctypes;
-// the entry point is `posenc_rope`, which returns 0, or 1 for an unknown dtype code.
+// Registered as the operator posenc_cpu::rope_into (CPU only; the dispatcher refuses
+// other devices). Built by torch.utils.cpp_extension on first use (see cpu_kernel.py);
+// the Python caller resolves lazy negation and zero tensors, refuses other layouts and
+// overlapping in-place rows, and copies tables that alias x. The checks below guard the
+// memory accesses again, whoever calls the operator.
 
+#include <ATen/MemoryOverlap.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
 #include <c10/util/Half.h>
+#include <torch/library.h>
 
 #include <algorithm>
 #include <atomic>
@@ -62,6 +70,14 @@ struct Layout {
   int64_t table_batch;         // 1: cos/sin shared by the batch, else B
 };
 
+// (a, b) -> (a cos - b sin, a sin + b cos) with every operation rounded on its own.
+template <typename acc_t>
+inline void turn(acc_t a, acc_t b, acc_t c, acc_t s, acc_t& new_a, acc_t& new_b) {
+  const acc_t ac = a * c, bs = b * s, as = a * s, bc = b * c;
+  new_a = ac - bs;
+  new_b = as + bc;
+}
+
 // One row of D features. The unit-stride case (the usual one) is a loop the compiler
 // vectorizes; other strides run the same arithmetic element by element, so a strided
 // view gives bit for bit the result of its contiguous copy.
@@ -76,23 +92,29 @@ void rotate_row(const scalar_t* x, int64_t xs, scalar_t* out, int64_t os, const 
     scalar_t* out2 = out + half;
 #pragma omp simd
     for (int64_t i = 0; i < half; ++i) {
-      const acc_t a = widen<scalar_t, acc_t>(x[i]), b = widen<scalar_t, acc_t>(x2[i]);
-      out[i] = narrow<scalar_t, acc_t>(a * cos[i] - b * sin[i]);
-      out2[i] = narrow<scalar_t, acc_t>(a * sin[i] + b * cos[i]);
+      acc_t na, nb;
+      turn<acc_t>(widen<scalar_t, acc_t>(x[i]), widen<scalar_t, acc_t>(x2[i]), cos[i], sin[i],
+                  na, nb);
+      out[i] = narrow<scalar_t, acc_t>(na);
+      out2[i] = narrow<scalar_t, acc_t>(nb);
     }
   } else if (xs == 1 && os == 1) {
 #pragma omp simd
     for (int64_t i = 0; i < half; ++i) {
-      const acc_t a = widen<scalar_t, acc_t>(x[2 * i]), b = widen<scalar_t, acc_t>(x[2 * i + 1]);
-      out[2 * i] = narrow<scalar_t, acc_t>(a * cos[i] - b * sin[i]);
-      out[2 * i + 1] = narrow<scalar_t, acc_t>(a * sin[i] + b * cos[i]);
+      acc_t na, nb;
+      turn<acc_t>(widen<scalar_t, acc_t>(x[2 * i]), widen<scalar_t, acc_t>(x[2 * i + 1]),
+                  cos[i], sin[i], na, nb);
+      out[2 * i] = narrow<scalar_t, acc_t>(na);
+      out[2 * i + 1] = narrow<scalar_t, acc_t>(nb);
     }
   } else {
     for (int64_t i = 0; i < half; ++i) {
       const int64_t ia = i * step, ib = ia + second;
-      const acc_t a = widen<scalar_t, acc_t>(x[ia * xs]), b = widen<scalar_t, acc_t>(x[ib * xs]);
-      out[ia * os] = narrow<scalar_t, acc_t>(a * cos[i] - b * sin[i]);
-      out[ib * os] = narrow<scalar_t, acc_t>(a * sin[i] + b * cos[i]);
+      acc_t na, nb;
+      turn<acc_t>(widen<scalar_t, acc_t>(x[ia * xs]), widen<scalar_t, acc_t>(x[ib * xs]),
+                  cos[i], sin[i], na, nb);
+      out[ia * os] = narrow<scalar_t, acc_t>(na);
+      out[ib * os] = narrow<scalar_t, acc_t>(nb);
     }
   }
   if (copy_rest) {
@@ -115,7 +137,8 @@ void rotate(const Layout& s, const void* x_ptr, void* out_ptr, const void* cos_p
   const int64_t* xs = s.x_strides;
   const int64_t* os = s.out_strides;
   // about 32 KiB of x per block: small enough to balance, large enough to amortize
-  const int64_t block = std::max<int64_t>(1, (32 << 10) / (s.dim * sizeof(scalar_t)));
+  const int64_t row_bytes = std::max<int64_t>(1, s.dim * static_cast<int64_t>(sizeof(scalar_t)));
+  const int64_t block = std::max<int64_t>(1, (32 << 10) / row_bytes);
   const int64_t blocks = (rows + block - 1) / block;
   std::atomic<int64_t> next{0};
   auto work = [&](int64_t, int64_t) {
@@ -140,28 +163,78 @@ void rotate(const Layout& s, const void* x_ptr, void* out_ptr, const void* cos_p
   }
 }
 
+void check_plain(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.layout() == c10::kStrided, name, " must be a strided tensor");
+  TORCH_CHECK(!t.is_neg() && !t.is_conj(), name, " has a lazy negation/conjugation bit");
+  TORCH_CHECK(!t._is_zerotensor(), name, " is an efficient zero tensor (no memory)");
+  TORCH_CHECK(t.numel() == 0 || t.const_data_ptr() != nullptr, name, " has no data");
+}
+
+// out = rotate(x) (out may be x). cos/sin: contiguous [Bc, T, R/2] in the compute type.
+void rope_into(const at::Tensor& x, const at::Tensor& out, const at::Tensor& cos,
+               const at::Tensor& sin, bool interleaved) {
+  check_plain(x, "x");
+  check_plain(out, "out");
+  check_plain(cos, "cos");
+  check_plain(sin, "sin");
+  TORCH_CHECK(x.dim() == 4 && out.sizes() == x.sizes() && out.scalar_type() == x.scalar_type(),
+              "x and out must be [B, H, T, D] of one shape and dtype");
+  const bool wide = x.scalar_type() == at::kDouble;
+  const auto compute = wide ? at::kDouble : at::kFloat;
+  TORCH_CHECK(cos.dim() == 3 && cos.sizes() == sin.sizes() && cos.is_contiguous() &&
+                  sin.is_contiguous() && cos.scalar_type() == compute &&
+                  sin.scalar_type() == compute,
+              "cos/sin must be contiguous [Bc, T, R/2] tables of the compute dtype");
+  const int64_t batch = x.size(0), length = x.size(2), dim = x.size(3), half = cos.size(2);
+  TORCH_CHECK(cos.size(1) == length && (cos.size(0) == 1 || cos.size(0) == batch) &&
+                  2 * half <= dim,
+              "cos/sin do not fit x");
+  const bool in_place = out.is_same(x);
+  if (in_place) {
+    TORCH_CHECK(at::has_internal_overlap(out) != at::MemOverlap::Yes,
+                "x has elements that overlap in memory");
+  } else {
+    at::assert_no_internal_overlap(out);
+    at::assert_no_overlap(out, x);
+  }
+  if (out.numel() > 0) {
+    at::assert_no_overlap(out, cos);
+    at::assert_no_overlap(out, sin);
+  }
+  if (x.numel() == 0) {
+    return;
+  }
+  const Layout s{x.size(0), x.size(1),           length,          dim,
+                 2 * half,  x.strides().data(), out.strides().data(), cos.size(0)};
+  const void* xp = x.const_data_ptr();
+  void* op = out.mutable_data_ptr();
+  const void* cp = cos.const_data_ptr();
+  const void* sp = sin.const_data_ptr();
+  switch (x.scalar_type()) {
+    case at::kFloat:
+      rotate<float, float>(s, xp, op, cp, sp, interleaved);
+      break;
+    case at::kDouble:
+      rotate<double, double>(s, xp, op, cp, sp, interleaved);
+      break;
+    case at::kBFloat16:
+      rotate<Bf16Bits, float>(s, xp, op, cp, sp, interleaved);
+      break;
+    case at::kHalf:
+      rotate<c10::Half, float>(s, xp, op, cp, sp, interleaved);
+      break;
+    default:
+      TORCH_CHECK(false, "x must be float32, float64, bfloat16 or float16, got ",
+                  x.scalar_type());
+  }
+}
+
 }  // namespace
 
-extern "C" int posenc_rope(int dtype, const void* x, void* out, const void* cos,
-                           const void* sin, const int64_t* shape, const int64_t* x_strides,
-                           const int64_t* out_strides, int64_t rotary, int64_t table_batch,
-                           int interleaved) {
-  const Layout s{shape[0], shape[1], shape[2], shape[3], rotary, x_strides, out_strides,
-                 table_batch};
-  switch (dtype) {
-    case 0:
-      rotate<float, float>(s, x, out, cos, sin, interleaved);
-      return 0;
-    case 1:
-      rotate<double, double>(s, x, out, cos, sin, interleaved);
-      return 0;
-    case 2:
-      rotate<Bf16Bits, float>(s, x, out, cos, sin, interleaved);
-      return 0;
-    case 3:
-      rotate<c10::Half, float>(s, x, out, cos, sin, interleaved);
-      return 0;
-    default:
-      return 1;
-  }
+TORCH_LIBRARY(posenc_cpu, m) {
+  m.def("rope_into(Tensor x, Tensor(a!) out, Tensor cos, Tensor sin, bool interleaved) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(posenc_cpu, CPU, m) {
+  m.impl("rope_into", &rope_into);
 }
