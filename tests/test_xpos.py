@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -11,7 +13,7 @@ from hypothesis import strategies as st
 import posenc
 from conftest import tolerances
 from posenc import XPos
-from posenc.encodings.rotary.xpos import xpos_scale
+from posenc.encodings.rotary.xpos import xpos_position_limit, xpos_scale
 from posenc.reference import rope as ref
 
 TIGHT = tolerances(torch.float64)
@@ -70,6 +72,30 @@ def test_score_depends_only_on_relative_position(q, k, m, n, shift):
     # angles up to 2000 rad and decays up to zeta_0 ** (-3000 / 512) ~ 1500
     bound = 2000 * 64 * np.finfo(float).eps * float(q.norm() * k.norm()) * 1500
     assert score(m, n) == pytest.approx(score(m + shift, n + shift), abs=bound)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_positions_up_to_the_limit_are_finite_and_past_it_refused(gen, dtype):
+    """Sun et al. 2022's scales zeta ** (+-n / scale_base) overflow one side and vanish on
+    the other far from 0: finite up to ``xpos_position_limit``, a ValueError naming it past."""
+    module = XPos(D, scale_base=64.0)
+    limit = xpos_position_limit(64.0, dtype)
+    info = torch.finfo(dtype)
+    assert limit == math.floor(64.0 * math.log(info.eps / info.tiny) / math.log(3.5))
+    q = torch.randn(1, 1, 3, D, generator=gen, dtype=torch.float64).to(dtype)
+    k = torch.randn(1, 1, 3, D, generator=gen, dtype=torch.float64).to(dtype)
+    for start in (limit - 2, -limit):  # three positions ending at +limit, from -limit
+        positions = torch.arange(3) + start
+        out_q, out_k = module(q, k, positions)
+        assert torch.isfinite(out_q).all() and torch.isfinite(out_k).all()
+        scores = out_q @ out_k.transpose(-1, -2)  # depends on m - n only: as near 0
+        near = module(q, k, torch.arange(3))
+        want = near[0] @ near[1].transpose(-1, -2)
+        rtol = tolerances(dtype)["rtol"] * limit * 8  # angles of ~limit rad
+        torch.testing.assert_close(scores, want, rtol=rtol, atol=rtol * want.abs().max())
+    for far in (limit + 1, -limit - 1):
+        with pytest.raises(ValueError, match=f"within \\+-{limit} for scale_base=64"):
+            module(q, k, torch.tensor([0, 1, far]))
 
 
 def test_decay_values():

@@ -9,15 +9,22 @@ key at ``n`` carries ``zeta_i ** ((m - n) / scale_base)``, a decay with distance
 depends on ``m - n`` only.
 
 Since a per-pair scale commutes with the pair's rotation, it is folded into cos and sin
-and applied by ``apply_rope``. The scales are computed in float64 and cast once; keys
-grow as ``zeta_0 ** (-n / scale_base)``, which stays finite in float32/bf16 for
-``|n| <~ 70 * scale_base`` (the scores depend on ``m - n`` only, so shifting all
-positions by the same amount changes nothing but this range).
+and applied by ``apply_rope``. The scales are computed in float64 and cast once to the
+rotation's dtype. Keys grow as ``zeta_0 ** (-n / scale_base)`` and queries shrink as
+``zeta_0 ** (n / scale_base)`` (``zeta_0 = 2/7``), so past ``xpos_position_limit``
+(``scale_base * (ln(1 / tiny) - ln(1 / eps)) / ln 3.5``: 29 174 for float32 and
+``scale_base`` 512) one of them loses precision, then leaves the dtype's range, and their
+product becomes ``0 * inf = NaN``. Positions
+past the limit raise ``ValueError`` naming it (eager calls; a compiled graph cannot read
+the positions without a host sync and does not check). The scores depend on ``m - n``
+only, so shifting all positions by the same amount brings them back in range.
 
 Negative positions: allowed, as for RoPE; the scores still depend on ``m - n`` only.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor
@@ -27,7 +34,24 @@ from posenc.base import register
 from posenc.encodings.rotary.module import RotaryEmbedding
 from posenc.encodings.rotary.scaling import DEFAULT_BASE
 
-__all__ = ["XPos", "xpos_scale"]
+__all__ = ["XPos", "xpos_position_limit", "xpos_scale"]
+
+
+def xpos_position_limit(scale_base: float, dtype: torch.dtype) -> int:
+    """The largest ``|position|`` whose xPos scales keep full precision in ``dtype``.
+
+    ``zeta_0 ** (+-n / scale_base)`` with ``zeta_0 = 2/7`` (pair 0, the fastest decay)
+    must lie in ``[tiny / eps, max * eps]`` of ``dtype``, so that the scale times a cos or
+    sin down to ``eps`` is still a normal number: ``|n| <= scale_base * (min(ln(1 / tiny),
+    ln(max)) - ln(1 / eps)) / ln(3.5)``.
+
+    Raises:
+        ValueError: non-positive ``scale_base``.
+    """
+    scale_base = check_float("scale_base", scale_base, positive=True)
+    info = torch.finfo(dtype)
+    room = min(-math.log(info.tiny), math.log(info.max)) + math.log(info.eps)
+    return math.floor(scale_base * room / math.log(3.5))
 
 
 def xpos_scale(positions: Tensor, rotary_dim: int, *, scale_base: float = 512.0) -> Tensor:
@@ -86,6 +110,17 @@ class XPos(RotaryEmbedding):
     def _modulate(
         self, cos: Tensor, sin: Tensor, positions: Tensor, *, query: bool
     ) -> tuple[Tensor, Tensor]:
+        if positions.numel() and not torch.compiler.is_compiling():
+            limit = xpos_position_limit(self.scale_base, cos.dtype)
+            far = float(positions.abs().max())
+            if far > limit:
+                raise ValueError(
+                    f"xPos positions must lie within +-{limit} for scale_base="
+                    f"{self.scale_base:g} in {str(cos.dtype).removeprefix('torch.')} (the "
+                    f"scales zeta ** (+-n / scale_base) leave its range), got {far:g}; shift "
+                    "every position by one amount (scores depend on m - n only) or use a "
+                    "larger scale_base"
+                )
         signed = positions if query else -positions
         scale = xpos_scale(signed, self.rotary_dim, scale_base=self.scale_base).to(cos.dtype)
         return cos * scale, sin * scale
