@@ -7,7 +7,10 @@ returns what the model uses for the image/video tokens:
 
 * ``("real", cos, sin)``: ``[N, D]`` tables with every pair's value twice (``repeat_interleave``),
   rotated by ``apply_rotary_emb(use_real=True, use_real_unbind_dim=-1)``;
+* ``("real_half", cos, sin)``: ``[N, D]`` tables ``[c | c]`` of the half-split layout,
+  rotated by ``apply_rotary_emb(use_real=True, use_real_unbind_dim=-2)`` (CogView4, GLM);
 * ``("complex", freqs)``: ``[N, D/2]`` unit complex numbers, rotated as complex pairs;
+* ``("matrix", m)``: ``[N, D/2, 2, 2]`` rotation matrices, rotated by HiDream's ``apply_rope``;
 * ``("table", table)``: an ``[N, C]`` sin-cos table added to the patch embeddings.
 """
 
@@ -20,9 +23,14 @@ import torch
 from diffusers.models import embeddings as E
 from diffusers.models.transformers import (
     transformer_bria,
+    transformer_chronoedit,
+    transformer_cogview4,
+    transformer_easyanimate,
     transformer_flux,
     transformer_flux2,
     transformer_flux3,
+    transformer_glm_image,
+    transformer_hidream_image,
     transformer_hunyuan_video,
     transformer_hunyuan_video15,
     transformer_hunyuanimage,
@@ -40,6 +48,9 @@ from diffusers.models.transformers import (
 )
 from diffusers.pipelines.cogvideo.pipeline_cogvideox import (
     get_resize_crop_region_for_grid as cogvideox_crop,
+)
+from diffusers.pipelines.consisid.pipeline_consisid import (
+    get_resize_crop_region_for_grid as consisid_crop,
 )
 from diffusers.pipelines.hunyuandit.pipeline_hunyuandit import (
     get_resize_crop_region_for_grid as hunyuan_crop,
@@ -130,7 +141,7 @@ def _z_image(config, grid):
     return "complex", module(grid_positions(*grid, start=start))
 
 
-def _cogvideox_rope(config, grid):
+def _cogvideox_rope(config, grid, crop_region=cogvideox_crop):
     f, h, w = grid
     patch = config["patch_size"]
     if config.get("patch_size_t") is not None:
@@ -139,7 +150,7 @@ def _cogvideox_rope(config, grid):
             config["attention_head_dim"], None, (h, w), f, grid_type="slice", max_size=max_size
         )
         return "real", cos, sin
-    crop = cogvideox_crop((h, w), config["sample_width"] // patch, config["sample_height"] // patch)
+    crop = crop_region((h, w), config["sample_width"] // patch, config["sample_height"] // patch)
     return ("real", *E.get_3d_rotary_pos_embed(config["attention_head_dim"], crop, (h, w), f))
 
 
@@ -153,6 +164,47 @@ def _cogvideox_sincos(config, grid):
         temporal_interpolation_scale=config["temporal_interpolation_scale"],
     )  # fmt: skip
     return "table", embed.pos_embedding[0, 3:]
+
+
+def _consisid_rope(config, grid):
+    return _cogvideox_rope(config, grid, consisid_crop)
+
+
+def _easyanimate(config, grid):
+    f, h, w = grid
+    module = transformer_easyanimate.EasyAnimateRotaryPosEmbed(2, config["attention_head_dim"])
+    return ("real", *module(torch.zeros(1, 1, f, 2 * h, 2 * w)))
+
+
+def _chronoedit(config, grid):
+    f, h, w = grid
+    module = transformer_chronoedit.ChronoEditRotaryPosEmbed(
+        config["attention_head_dim"], (1, 2, 2), 32,
+        temporal_skip_len=config["rope_temporal_skip_len"],
+    )  # fmt: skip
+    cos, sin = module(torch.zeros(1, 1, f, 2 * h, 2 * w))
+    return "real", cos[0, :, 0], sin[0, :, 0]
+
+
+def _cogview4(config, grid):
+    _, h, w = grid
+    module = transformer_cogview4.CogView4RotaryPosEmbed(
+        config["attention_head_dim"], 2, tuple(config["rope_axes_dim"])
+    )
+    return ("real_half", *module(torch.zeros(1, 1, 2 * h, 2 * w)))
+
+
+def _glm_image(config, grid):
+    _, h, w = grid
+    module = transformer_glm_image.GlmImageRotaryPosEmbed(config["attention_head_dim"], 2)
+    return ("real_half", *module(torch.zeros(1, 1, 2 * h, 2 * w)))
+
+
+def _hidream(config, grid):
+    module = transformer_hidream_image.HiDreamImageEmbedND(
+        theta=10000, axes_dim=list(config["axes_dims_rope"])
+    )
+    return "matrix", module(_ids(grid)[None])[0, :, 0]
 
 
 def _hunyuan_dit(config, grid):
@@ -277,6 +329,33 @@ ROPE_CASES = [
         {"attention_head_dim": 16, "use_rotary_positional_embeddings": True, "patch_size": 2,
          "patch_size_t": 2, "sample_height": 12, "sample_width": 20},
         (2, 4, 6), _cogvideox_rope, "rope-slice",
+    ),
+    Case(
+        "ConsisIDTransformer3DModel",
+        {"attention_head_dim": 16, "use_rotary_positional_embeddings": True, "patch_size": 2,
+         "sample_height": 12, "sample_width": 20},
+        (2, 6, 4), _consisid_rope, "rope",
+    ),
+    Case(
+        "EasyAnimateTransformer3DModel", {"attention_head_dim": 16, "patch_size": 2}, (2, 5, 3),
+        _easyanimate,
+    ),
+    Case(
+        "ChronoEditTransformer3DModel",
+        {"attention_head_dim": 12, "rope_temporal_skip_len": 8}, (2, 3, 4), _chronoedit, "edit",
+    ),
+    Case(
+        "ChronoEditTransformer3DModel",
+        {"attention_head_dim": 12, "rope_temporal_skip_len": 8}, (3, 2, 3), _chronoedit, "video",
+    ),
+    Case(
+        "CogView4Transformer2DModel", {"attention_head_dim": 16, "rope_axes_dim": (8, 8)},
+        (1, 5, 3), _cogview4,
+    ),
+    Case("GlmImageTransformer2DModel", {"attention_head_dim": 16}, (1, 4, 5), _glm_image),
+    Case(
+        "HiDreamImageTransformer2DModel", {"attention_head_dim": 16, "axes_dims_rope": (4, 6, 6)},
+        (1, 3, 4), _hidream,
     ),
     Case(
         "HunyuanDiT2DModel", {"attention_head_dim": 16, "patch_size": 2}, (1, 6, 4), _hunyuan_dit

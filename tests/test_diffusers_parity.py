@@ -21,6 +21,7 @@ import torch
 pytest.importorskip("diffusers")
 
 from diffusers.models.embeddings import apply_rotary_emb
+from diffusers.models.transformers.transformer_hidream_image import apply_rope as hidream_apply_rope
 
 from _diffusers_cases import ROPE_CASES, TABLE_CASES
 from posenc.diffusers import diffusers_positions, from_diffusers
@@ -42,7 +43,16 @@ def _pairs(reference):
     if kind == "complex":
         (freqs,) = tables
         return freqs.real.double(), freqs.imag.double()
+    if kind == "matrix":  # [[cos, -sin], [sin, cos]] per pair
+        (matrix,) = tables
+        torch.testing.assert_close(matrix[..., 0, 1], -matrix[..., 1, 0], rtol=0, atol=0)
+        return matrix[..., 0, 0].double(), matrix[..., 1, 0].double()
     cos, sin = tables
+    if kind == "real_half":  # [c | c]: the half-split layout
+        half = cos.shape[-1] // 2
+        torch.testing.assert_close(cos[:, :half], cos[:, half:], rtol=0, atol=0)
+        torch.testing.assert_close(sin[:, :half], sin[:, half:], rtol=0, atol=0)
+        return cos[:, :half].double(), sin[:, :half].double()
     # repeat_interleave tables: both members of a pair carry the same value
     torch.testing.assert_close(cos[:, 0::2], cos[:, 1::2], rtol=0, atol=0)
     torch.testing.assert_close(sin[:, 0::2], sin[:, 1::2], rtol=0, atol=0)
@@ -55,7 +65,11 @@ def _diffusers_rotate(x, reference):
     if kind == "complex":
         out = apply_rotary_emb(x.transpose(1, 2), tables[0][None], use_real=False)
         return out.transpose(1, 2)
-    return apply_rotary_emb(x, tuple(tables), use_real=True, use_real_unbind_dim=-1)
+    if kind == "matrix":
+        out, _ = hidream_apply_rope(x.transpose(1, 2), x.transpose(1, 2), tables[0][None, :, None])
+        return out.transpose(1, 2)
+    unbind = -2 if kind == "real_half" else -1
+    return apply_rotary_emb(x, tuple(tables), use_real=True, use_real_unbind_dim=unbind)
 
 
 @pytest.mark.parametrize("case", ROPE_CASES, ids=lambda c: c.id)

@@ -1,0 +1,185 @@
+"""Text-to-image transformers: their position rows.
+
+Shapes: ``D`` head_dim, ``C`` d_model, ``H x W`` patches, ``N = H W`` image tokens.
+
+* Flux (Black Forest Labs 2024) and its kin rotate ``D`` features in one block per id axis
+  ``(t, y, x)`` (``axes_dims_rope``, e.g. ``(16, 56, 56)``), adjacent pairs, theta 10000
+  (Flux.2, Flux.3 and Krea 2 read ``rope_theta``; Flux.2 adds a fourth axis); HiDream-I1
+  builds the same angles as 2x2 rotation matrices.
+* Qwen-Image (Qwen team 2025, sec. 2.3, "MSRoPE") uses Flux's blocks at centred rows and
+  columns; its text continues on the diagonal from ``max(H//2, W//2)``.
+* Lumina-Image 2.0 and Z-Image place the image after the caption on axis 0.
+* Hunyuan-DiT (Li et al. 2024): two blocks of ``D/2``, the column's first, at fractional
+  coordinates of the image's crop in a 512-pixel canvas. Lumina-Next (Zhuo et al. 2024):
+  pairs alternate row and column.
+* CogView4 and GLM-Image: two blocks of ``D/2`` in the half-split layout ``(i, i + D/2)``;
+  CogView4 resamples rows and columns onto ``rope_axes_dim`` positions.
+* DiT (Peebles & Xie 2023), PixArt-α (Chen et al. 2023) and SD3 (Esser et al. 2024) add
+  a 2-D sin-cos table (``GridSinCos``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from posenc.diffusers._common import (
+    Config,
+    Family,
+    axes_rope,
+    head_dim,
+    need,
+    resize_crop,
+    row,
+)
+from posenc.diffusers.grids import (
+    centred_positions,
+    crop_positions,
+    grid_positions,
+    sincos_positions,
+)
+from posenc.diffusers.sincos import GridSinCos
+from posenc.encodings.rotary.axial import AxialRope
+
+__all__ = ["IMAGE_FAMILIES"]
+
+
+def _flux(config: Config) -> AxialRope:
+    return axes_rope(head_dim(config), need(config, "axes_dims_rope"), 10000.0)
+
+
+def _flux2(config: Config) -> AxialRope:
+    return axes_rope(head_dim(config), need(config, "axes_dims_rope"), need(config, "rope_theta"))
+
+
+def _ids(config: Config, frames: int, height: int, width: int) -> Tensor:
+    """Image ids ``(t, y, x)`` for three axes, ``(y, x)`` for two, zero-padded past three."""
+    ids = grid_positions(frames, height, width)
+    axes = len(need(config, "axes_dims_rope"))
+    if axes == 2:
+        return ids[:, 1:]
+    return torch.cat((ids, ids.new_zeros(ids.shape[0], axes - 3)), dim=1) if axes > 3 else ids
+
+
+def _qwen(config: Config, frames: int, height: int, width: int) -> Tensor:
+    return centred_positions(frames, height, width)
+
+
+def _lumina2(config: Config) -> AxialRope:
+    width = int(need(config, "hidden_size")) // int(need(config, "num_attention_heads"))
+    return axes_rope(width, need(config, "axes_dim_rope"), 10000.0)
+
+
+def _z_image(config: Config) -> AxialRope:
+    width = int(need(config, "dim")) // int(need(config, "n_heads"))
+    return axes_rope(width, need(config, "axes_dims"), need(config, "rope_theta"))
+
+
+def _after_caption(offset: int):
+    """Images at ``t = caption_length + offset`` (``caption_length``, a key of the call,
+    default 0; Lumina 2: ``offset=0``; Z-Image: 1, after the caption padded to 32)."""
+
+    def positions(config: Config, frames: int, height: int, width: int) -> Tensor:
+        start = int(config.get("caption_length", 0)) + offset
+        return grid_positions(frames, height, width, start=(start, 0, 0))
+
+    return positions
+
+
+def _hunyuan_dit(config: Config) -> AxialRope:
+    return AxialRope(head_dim(config), axis_order=(1, 0), pairs="interleaved")
+
+
+def _hunyuan_dit_positions(config: Config, frames: int, height: int, width: int) -> Tensor:
+    base = 512 // 8 // int(need(config, "patch_size"))
+    return crop_positions(height, width, resize_crop((height, width), (base, base)))
+
+
+def _lumina_next(config: Config) -> AxialRope:
+    width = int(need(config, "hidden_size")) // int(need(config, "num_attention_heads"))
+    return AxialRope(width, cyclic=True, pairs="interleaved")
+
+
+def _rows_columns(config: Config, frames: int, height: int, width: int) -> Tensor:
+    return grid_positions(1, height, width)[:, 1:]
+
+
+def _half_split_2d(config: Config) -> AxialRope:
+    return AxialRope(head_dim(config))
+
+
+def _cogview4_positions(config: Config, frames: int, height: int, width: int) -> Tensor:
+    """Rows and columns resampled onto ``rope_axes_dim`` positions: ``y = i R_h // H``."""
+    size_h, size_w = (int(n) for n in need(config, "rope_axes_dim"))
+    rows = torch.arange(height) * size_h // height
+    cols = torch.arange(width) * size_w // width
+    return torch.stack(torch.meshgrid(rows, cols, indexing="ij"), dim=-1).reshape(-1, 2)
+
+
+def _sincos_2d(config: Config) -> GridSinCos:
+    return GridSinCos(head_dim(config) * int(need(config, "num_attention_heads")))
+
+
+def _sincos_2d_positions(config: Config, frames: int, height: int, width: int) -> Tensor:
+    """DiT and SD3: interpolation scale 1 (SD3 crops a ``pos_embed_max_size`` table)."""
+    base = int(need(config, "sample_size")) // int(need(config, "patch_size"))
+    return sincos_positions(
+        height, width, base_size=base, max_size=config.get("pos_embed_max_size")
+    )
+
+
+def _pixart_positions(config: Config, frames: int, height: int, width: int) -> Tensor:
+    """PixArt: ``interpolation_scale`` from the config, else ``max(sample_size // 64, 1)``."""
+    size = int(need(config, "sample_size"))
+    scale = config.get("interpolation_scale")
+    scale = max(size // 64, 1) if scale is None else float(scale)
+    base = size // int(need(config, "patch_size"))
+    return sincos_positions(height, width, base_size=base, interpolation_scale=scale)
+
+
+IMAGE_FAMILIES: tuple[Family, ...] = (
+    row(
+        "Flux axes RoPE",
+        "FluxTransformer2DModel ChromaTransformer2DModel LongCatImageTransformer2DModel "
+        "OvisImageTransformer2DModel BriaTransformer2DModel HiDreamImageTransformer2DModel",
+        _flux, _ids, "FluxPosEmbed and its copies; HiDreamImageEmbedND",
+    ),
+    row(
+        "Flux.2 axes RoPE",
+        "Flux2Transformer2DModel Flux3Transformer2DModel Krea2Transformer2DModel",
+        _flux2, _ids, "Flux2PosEmbed, Flux3PosEmbed, Krea2RotaryPosEmbed",
+    ),
+    row("Qwen-Image MSRoPE", "QwenImageTransformer2DModel", _flux, _qwen, "QwenEmbedRope"),
+    row(
+        "Lumina 2 axes RoPE", "Lumina2Transformer2DModel", _lumina2, _after_caption(0),
+        "Lumina2RotaryPosEmbed",
+    ),
+    row(
+        "Z-Image axes RoPE", "ZImageTransformer2DModel", _z_image, _after_caption(1),
+        "RopeEmbedder",
+    ),
+    row(
+        "Hunyuan-DiT 2-D RoPE", "HunyuanDiT2DModel", _hunyuan_dit, _hunyuan_dit_positions,
+        "get_2d_rotary_pos_embed",
+    ),
+    row(
+        "Lumina-Next 2-D RoPE", "LuminaNextDiT2DModel", _lumina_next, _rows_columns,
+        "get_2d_rotary_pos_embed_lumina",
+    ),
+    row(
+        "CogView4 2-D RoPE", "CogView4Transformer2DModel", _half_split_2d, _cogview4_positions,
+        "CogView4RotaryPosEmbed",
+    ),
+    row(
+        "GLM-Image 2-D RoPE", "GlmImageTransformer2DModel", _half_split_2d, _rows_columns,
+        "GlmImageRotaryPosEmbed",
+    ),
+    row(
+        "2-D sin-cos table", "DiTTransformer2DModel SD3Transformer2DModel", _sincos_2d,
+        _sincos_2d_positions, "PatchEmbed (get_2d_sincos_pos_embed)",
+    ),
+    row(
+        "PixArt 2-D sin-cos table", "PixArtTransformer2DModel", _sincos_2d, _pixart_positions,
+        "PatchEmbed (get_2d_sincos_pos_embed)",
+    ),
+)  # fmt: skip

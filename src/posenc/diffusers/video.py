@@ -1,0 +1,124 @@
+"""Video transformers: their position rows.
+
+Shapes: ``D`` head_dim, ``C`` d_model, ``F x H x W`` patches, ``N = F H W`` tokens. Every
+RoPE here rotates one block of features per axis ``(t, y, x)``, adjacent pairs:
+
+* Wan 2.1 (Wan team 2025, sec. 3.1) and the models built on it: blocks
+  ``(D - 4 [D/6], 2 [D/6], 2 [D/6])``, theta 10000; ChronoEdit numbers a two-frame edit
+  ``t = (0, temporal_skip_len - 1)``;
+* HunyuanVideo (Kong et al. 2024, sec. 3.2): ``rope_axes_dim`` (16, 56, 56), theta 256
+  (HunyuanImage: the same on two axes);
+* CogVideoX (Yang et al. 2024, sec. 2.2, 3-D RoPE): blocks ``(D/4, 3D/8, 3D/8)``, theta
+  10000, at the fractional coordinates of the video's crop in the ``sample_height x
+  sample_width`` canvas (CogVideoX 1.5, with ``patch_size_t``: the integer grid);
+  EasyAnimate uses the same at a fixed 60 x 90 canvas. CogVideoX 2B adds a 3-D sin-cos
+  table instead (``C/4`` for time, ``3C/8`` per spatial axis).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from posenc.base import PositionalEncoding
+from posenc.diffusers._common import Config, Family, axes_rope, head_dim, need, resize_crop, row
+from posenc.diffusers.grids import crop_positions, grid_positions
+from posenc.diffusers.sincos import GridSinCos
+from posenc.encodings.rotary.axial import AxialRope
+
+__all__ = ["VIDEO_FAMILIES"]
+
+
+def _wan(config: Config) -> AxialRope:
+    width = head_dim(config)
+    spatial = 2 * (width // 6)
+    return axes_rope(width, (width - 2 * spatial, spatial, spatial), 10000.0)
+
+
+def _video(config: Config, frames: int, height: int, width: int) -> Tensor:
+    return grid_positions(frames, height, width)
+
+
+def _chronoedit(config: Config, frames: int, height: int, width: int) -> Tensor:
+    """Two frames (an image and its edit) sit ``temporal_skip_len - 1`` apart."""
+    positions = grid_positions(frames, height, width)
+    if frames == 2:
+        skip = int(need(config, "rope_temporal_skip_len"))
+        positions[:, 0] *= skip - 1
+    return positions
+
+
+def _hunyuan(config: Config) -> AxialRope:
+    return axes_rope(head_dim(config), need(config, "rope_axes_dim"), need(config, "rope_theta"))
+
+
+def _hunyuan_positions(config: Config, frames: int, height: int, width: int) -> Tensor:
+    full = grid_positions(frames, height, width)
+    return full if len(need(config, "rope_axes_dim")) == 3 else full[:, 1:]
+
+
+def _cogvideox_dims(width: int) -> tuple[int, int, int]:
+    return width // 4, width // 8 * 3, width // 8 * 3
+
+
+def _cogvideox(config: Config) -> PositionalEncoding:
+    if config.get("use_rotary_positional_embeddings"):
+        return axes_rope(head_dim(config), _cogvideox_dims(head_dim(config)), 10000.0)
+    width = head_dim(config) * int(need(config, "num_attention_heads"))
+    dims = (width // 4, 3 * width // 8, 3 * width // 8)
+    return GridSinCos(width, axis_dims=dims, axis_order=(0, 2, 1))
+
+
+def _cogvideox_positions(config: Config, frames: int, height: int, width: int) -> Tensor:
+    """The 2B's sin-cos grid divided by its interpolation scales; the RoPE's crop
+    coordinates (CogVideoX 1.5, with ``patch_size_t``: the integer grid)."""
+    if not config.get("use_rotary_positional_embeddings"):
+        time = float(config.get("temporal_interpolation_scale", 1.0))
+        space = float(config.get("spatial_interpolation_scale", 1.875))
+        scales = torch.tensor([time, space, space], dtype=torch.float64)
+        return grid_positions(frames, height, width).double() / scales
+    if config.get("patch_size_t") is not None:
+        return grid_positions(frames, height, width)
+    patch = int(need(config, "patch_size"))
+    base = (int(need(config, "sample_height")) // patch, int(need(config, "sample_width")) // patch)
+    crop = resize_crop((height, width), base)
+    return crop_positions(height, width, crop, frames=frames)
+
+
+def _easyanimate(config: Config) -> AxialRope:
+    return axes_rope(head_dim(config), _cogvideox_dims(head_dim(config)), 10000.0)
+
+
+def _easyanimate_positions(config: Config, frames: int, height: int, width: int) -> Tensor:
+    patch = int(need(config, "patch_size"))
+    crop = resize_crop((height, width), (60 // patch, 90 // patch))
+    return crop_positions(height, width, crop, frames=frames)
+
+
+VIDEO_FAMILIES: tuple[Family, ...] = (
+    row(
+        "Wan 3-D RoPE",
+        "WanTransformer3DModel WanVACETransformer3DModel WanAnimateTransformer3DModel "
+        "SanaVideoTransformer3DModel SkyReelsV2Transformer3DModel",
+        _wan, _video, "WanRotaryPosEmbed and its copies",
+    ),
+    row(
+        "ChronoEdit 3-D RoPE", "ChronoEditTransformer3DModel", _wan, _chronoedit,
+        "ChronoEditRotaryPosEmbed",
+    ),
+    row(
+        "HunyuanVideo 3-D RoPE",
+        "HunyuanVideoTransformer3DModel HunyuanVideo15Transformer3DModel "
+        "MotifVideoTransformer3DModel HunyuanImageTransformer2DModel",
+        _hunyuan, _hunyuan_positions, "HunyuanVideoRotaryPosEmbed and its copies",
+    ),
+    row(
+        "CogVideoX 3-D RoPE / 3-D sin-cos",
+        "CogVideoXTransformer3DModel ConsisIDTransformer3DModel",
+        _cogvideox, _cogvideox_positions, "get_3d_rotary_pos_embed, CogVideoXPatchEmbed",
+    ),
+    row(
+        "EasyAnimate 3-D RoPE", "EasyAnimateTransformer3DModel", _easyanimate,
+        _easyanimate_positions, "EasyAnimateRotaryPosEmbed",
+    ),
+)  # fmt: skip
