@@ -1,12 +1,15 @@
-"""The lab's report: tables over seeds (terminal and Markdown), paired wins, the orderings
-that hold in every seed, and notes.
+"""The lab's report: tables over seeds (terminal and Markdown), the held-out text's
+cleanliness, the orderings and every pairwise test, and notes.
 
 Shapes: one row per trained model and per evaluation-time variant (a rotary scaling, an
 interpolated learned table, a fine-tune), one column per evaluation length; each cell the
-mean over seeds with its 95 % interval (``posenc.lab.stats``). Text runs show per-byte
-perplexity (lower is better), synthetic tasks exact-match accuracy (higher is better).
-Synthetic tasks also list the steps each run took to learn the task in distribution
-(``steps_to_learn``; ``posenc.lab.runs``). The figures are drawn by ``posenc.lab.plots``.
+mean over seeds with its 95 % interval over seeds and evaluation text (a bootstrap for
+perplexity, Wilson's interval for accuracy; ``posenc.lab.pairwise``), or, for records
+without per-segment losses, Student's t interval over seeds (``posenc.lab.stats``). Text
+runs show per-byte perplexity (lower is better), synthetic tasks exact-match accuracy
+(higher is better). Synthetic tasks also list the steps each run took to learn the task in
+distribution (``steps_to_learn``; ``posenc.lab.runs``). The figures are drawn
+by ``posenc.lab.plots``.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from posenc.lab import stats
+from posenc.lab.pairwise import Comparison, cell_interval, compare_all, pairwise_lines, unit_rows
 from posenc.lab.plots import figure_names
 
 __all__ = [
@@ -40,24 +44,37 @@ def _number(metric: str, value: float) -> str:
     return f"{value:.2f}" if value < 1000 else f"{value:.3g}"
 
 
-def _cell(metric: str, cell: stats.Cell) -> str:
+def _cell(metric: str, cell: stats.Cell, interval: tuple[float, float] | None) -> str:
     if cell.mean is None:
         return "n/a"
     text = _number(metric, cell.mean)
+    if interval is not None:
+        low, high = interval
+        if metric == "accuracy":
+            return f"{text} [{100 * low:.1f}, {100 * high:.1f}]"
+        return f"{text} [{_number(metric, low)}, {_number(metric, high)}]"
     if cell.half_width is not None:
         width = 100 * cell.half_width if metric == "accuracy" else cell.half_width
         text += f" ± {width:.1f}" if metric == "accuracy" or width >= 0.1 else f" ± {width:.2f}"
     return text
 
 
-def table_cells(results: dict) -> list[tuple[str, list[str]]]:
-    """``(label, one cell per evaluation length)``: mean ± 95 % interval over seeds, and a
-    line per run that did not finish or whose task was not learned."""
+def table_cells(results: dict, *, intervals: bool = True) -> list[tuple[str, list[str]]]:
+    """``(label, one cell per evaluation length)``: mean and 95 % interval (over seeds and
+    evaluation text where the records hold per-unit results, else ± Student's t over
+    seeds; none with ``intervals=False``), and a line per run that did not finish or
+    whose task was not learned."""
     lens = [str(n) for n in results["config"]["eval_lens"]]
-    out = [
-        (row.label, [_cell(results["metric"], row.cells[n]) for n in lens])
-        for row in stats.rows(results)
-    ]
+    metric = results["metric"]
+    units = unit_rows(results) if intervals else {}
+    out = []
+    for row in stats.rows(results):
+        cells = []
+        for n in lens:
+            here = units.get(row.label, {}).get(n)
+            cell = row.cells[n] if intervals else stats.Cell({0: row.cells[n].mean})  # no ±
+            cells.append(_cell(metric, cell, cell_interval(here, metric) if here else None))
+        out.append((row.label, cells))
     for run in results["runs"]:
         label = f"{run['encoding']} (seed {run['seed']})"
         if run["status"] != "ok":
@@ -148,7 +165,8 @@ def _title(results: dict) -> str:
     seeds = len(results["seeds"])
     return (
         f"posenc lab: {_METRIC_TITLE[results['metric']]}, trained at {config['train_len']}, "
-        f"mean ± 95% interval over {seeds} seed{'s' if seeds > 1 else ''}"
+        f"mean over {seeds} seed{'s' if seeds > 1 else ''} [95% interval over seeds and "
+        "evaluation text]"
     )
 
 
@@ -171,52 +189,31 @@ def print_table(results: dict, console: Console) -> None:
         console.print(f"[bold]{SMOKE}[/bold]")
 
 
-def conclusions(results: dict) -> list[str]:
+def conclusions(results: dict, comparisons: list[Comparison] | None = None) -> list[str]:
     """One sentence per evaluation length: the rows best first, ``<`` (``>`` for
-    accuracy) where the left row is better in every seed, ``≈`` where it is not."""
+    accuracy) where the pairwise test separates the left row from the next
+    (``posenc.lab.pairwise``; without ``comparisons``: where it is better in every
+    seed), ``≈`` where it does not."""
     seeds = len(results["seeds"])
-    if seeds < 2:
+    if seeds < 2 and not comparisons:
         return ["With one seed no ordering is established; run with --seeds 3 or more."]
     higher = stats.higher_is_better(results["metric"])
     table = stats.rows(results)
     train_len = results["config"]["train_len"]
+    split = {(c.length, c.first, c.second) for c in comparisons or [] if c.separated}
     sentences = []
     for n in results["config"]["eval_lens"]:
         ranked = stats.chain(table, str(n), higher=higher, train_len=train_len)
         if not ranked:
             continue
         text = ""
-        for label, holds in ranked:
+        for (label, holds), after in zip(ranked, [*ranked[1:], (None, False)], strict=True):
+            if comparisons is not None:
+                holds = (str(n), label, after[0]) in split
             text += f"{label}" + ((" > " if higher else " < ") if holds else " ≈ ")
         where = "the training length" if n == train_len else f"{n / train_len:g}x training"
         sentences.append(f"At {n} ({where}): {text[:-3]}.")
     return sentences
-
-
-def _paired_table(results: dict) -> list[str]:
-    """Paired wins at the longest length: the row beats the column in k of n seeds."""
-    higher = stats.higher_is_better(results["metric"])
-    length = str(max(results["config"]["eval_lens"]))
-    table = [r for r in stats.rows(results) if r.cells[length].mean is not None]
-    if len(table) < 2 or len(results["seeds"]) < 2:
-        return []
-    lines = [
-        f"Paired wins at {length}: seeds in which the row's model beats the column's "
-        "(same seed: same initialisation, data order and evaluation text).",
-        "",
-        "| | " + " | ".join(r.label for r in table) + " |",
-        "|---|" + "---:|" * len(table),
-    ]
-    for a in table:
-        cells = []
-        for b in table:
-            if a is b:
-                cells.append("")
-                continue
-            wins, both = stats.paired_wins(a.cells[length], b.cells[length], higher=higher)
-            cells.append(f"{wins}/{both}")
-        lines.append(f"| {a.label} | " + " | ".join(cells) + " |")
-    return [*lines, ""]
 
 
 def markdown(results: dict) -> str:
@@ -258,16 +255,25 @@ def markdown(results: dict) -> str:
             f"{len(config['encodings']) * len(results['seeds'])} runs finished; the tables "
             "show those."
         )
+    final = results["status"] != "running"  # intervals and tests once the sweep ends
+    comparisons = compare_all(results) if final else []
     lines += ["", "| encoding | " + " | ".join(str(n) for n in lens) + " |"]
     lines.append("|---|" + "---:|" * len(lens))
-    lines += [f"| {label} | " + " | ".join(row) + " |" for label, row in table_cells(results)]
+    cells = table_cells(results, intervals=final)
+    lines += [f"| {label} | " + " | ".join(row) + " |" for label, row in cells]
+    if not final:
+        return "\n".join([*lines, "", "Intervals and tests follow when the sweep ends.", ""])
+    tested = bool(comparisons)
+    rule = (
+        "separated by the pairwise test below" if tested else "better in every seed"
+    ) + "; `≈`: not"
     lines += [
         "",
-        "Orderings (`<`/`>`: better in every seed; `≈`: not in every seed, within noise):",
+        f"Orderings by mean (`<`/`>`: the left row {rule}):",
         "",
-        *(f"- {sentence}" for sentence in conclusions(results)),
+        *(f"- {sentence}" for sentence in conclusions(results, comparisons if tested else None)),
         "",
-        *_paired_table(results),
+        *pairwise_lines(results, comparisons),
     ]
     lines += [f"![{name}]({name})" for name in figure_names(results)]
     return "\n".join([*lines, "", *_notes(results)])
