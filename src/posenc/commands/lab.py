@@ -187,6 +187,9 @@ def _seeds(args: argparse.Namespace, count: int) -> tuple[int, ...] | None:
         if len(numbers) != 1 or numbers[0] < 1:
             raise UsageError(f"lab: --seeds takes one count >= 1, got {args.seeds!r}")
         count = numbers[0]
+    from posenc.lab.config import check_limit
+
+    check_limit("number of seeds", count)  # before the tuple is built
     first = args.seed or 0
     return tuple(range(first, first + count))
 
@@ -242,15 +245,22 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     statuses = []
     stamp = time.strftime("%Y%m%d-%H%M%S")
+    sweeps = []  # every setting checked before the first trains
     for name, options in settings:
         merged = argparse.Namespace(**vars(args))
         for dest, value in options.items():
             if getattr(merged, dest, None) is None:
                 setattr(merged, dest, value)
-        config = config_from_args(merged)
-        for flag in ("threads", "jobs"):
-            if getattr(merged, flag) is not None and getattr(merged, flag) < 1:
-                raise ValueError(f"--{flag} must be >= 1, got {getattr(merged, flag)}")
+        where = f"setting {name!r}: " if name is not None else ""
+        try:
+            config = config_from_args(merged)
+            for flag in ("threads", "jobs"):
+                if getattr(merged, flag) is not None and getattr(merged, flag) < 1:
+                    raise ValueError(f"--{flag} must be >= 1, got {getattr(merged, flag)}")
+        except (ValueError, TypeError, UsageError) as exc:
+            raise type(exc)(f"{where}{exc}") from None
+        sweeps.append((name, merged, config))
+    for name, merged, config in sweeps:
         cores = os.cpu_count() or 1
         local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         jobs = merged.jobs or (1 if local > 1 else min(len(config.seeds), cores))

@@ -42,6 +42,7 @@ __all__ = [
     "DEFAULT_ENCODINGS",
     "DEFAULT_SEEDS",
     "LEARNED",
+    "LIMITS",
     "QUICK_ENCODINGS",
     "SCALINGS",
     "TASKS",
@@ -56,6 +57,30 @@ DEFAULT_ENCODINGS = ("nope", "sinusoidal", "learned", "rope", "alibi", "t5")
 QUICK_ENCODINGS = ("nope", "rope", "alibi")
 #: Seeds of the default sweep (statistics need at least three).
 DEFAULT_SEEDS = (0, 1, 2)
+#: Upper bounds of the lab's sizes. It trains tiny models on a CPU in minutes; a value
+#: past these (a typo, a hostile sweep file) would exhaust memory or run for days.
+#: ``seed``: seeds feed ``torch.Generator.manual_seed`` after ``seed * 1_000_003 +
+#: length`` (``posenc.lab.evaluate``), which must stay below 2**64.
+LIMITS = {
+    "number of seeds": 1000, "seed": 2**32 - 1, "block parameters": 1 << 30,
+    "num_layers": 64, "num_heads": 256, "d_model": 8192,
+    "batch_size": 1 << 16, "train_len": 1 << 20, "evaluation length": 1 << 20,
+    "finetune_len": 1 << 20, "steps": 10**7, "max_steps": 10**7, "finetune_steps": 10**7,
+    "eval_tokens": 10**9, "eval_examples": 10**6,
+}  # fmt: skip
+
+
+def check_limit(name: str, value: int) -> int:
+    """Return ``value`` after checking it is at most ``LIMITS[name]``.
+
+    Raises:
+        ValueError: ``value`` exceeds the bound (both named).
+    """
+    if value > LIMITS[name]:
+        raise ValueError(f"{name} must be <= {LIMITS[name]} (the lab's bound), got {value}")
+    return value
+
+
 #: Rotary context-extension scalings evaluated without training (see the module docstring).
 SCALINGS = ("linear", "ntk", "dynamic", "yarn")
 #: ``lm`` is next-byte prediction on text; the others are synthetic (see ``posenc.lab.tasks``).
@@ -140,9 +165,9 @@ class LabConfig:
                 f"learned_beyond must be one of {', '.join(_BEYOND)}, got {self.learned_beyond!r}"
             )
         for name in ("train_len", "steps", "batch_size", "d_model", "num_layers", "num_heads"):
-            check_int(name, getattr(self, name))
+            check_limit(name, check_int(name, getattr(self, name)))
         for name in ("eval_tokens", "eval_examples"):
-            check_int(name, getattr(self, name))
+            check_limit(name, check_int(name, getattr(self, name)))
         check_int("warmup", self.warmup, minimum=0)
         if self.max_steps is not None:
             if self.task == "lm":
@@ -150,12 +175,13 @@ class LabConfig:
                     "max_steps applies to synthetic tasks only (text trains for --steps); "
                     f"got max_steps={self.max_steps} with task 'lm'"
                 )
-            check_int("max_steps", self.max_steps, minimum=self.steps)
-        check_int("finetune_steps", self.finetune_steps, minimum=0)
+            check_limit("max_steps", check_int("max_steps", self.max_steps, minimum=self.steps))
+        check_limit("finetune_steps", check_int("finetune_steps", self.finetune_steps, minimum=0))
         if not self.seeds:
             raise ValueError("no seeds to run")
+        check_limit("number of seeds", len(self.seeds))
         for seed in self.seeds:
-            check_int("seed", seed, minimum=0)
+            check_limit("seed", check_int("seed", seed, minimum=0))
         if len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds are repeated: {list(self.seeds)}")
         check_float("lr", self.lr, positive=True)
@@ -165,6 +191,8 @@ class LabConfig:
         if self.t5_max_distance is not None:
             check_int("t5_max_distance", self.t5_max_distance, minimum=2)
         check_probability("weight_decay", self.weight_decay)
+        # attention 4 d^2 + MLP 8 d^2 per block (posenc.lab.model)
+        check_limit("block parameters", 12 * self.num_layers * self.d_model**2)
         if self.d_model % self.num_heads:
             raise ValueError(
                 f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}"
@@ -183,7 +211,7 @@ class LabConfig:
         if unknown:
             raise ValueError(f"unknown scaling {unknown[0]!r}; known: {', '.join(SCALINGS)}")
         if self.finetune_len is not None:
-            check_int("finetune_len", self.finetune_len)
+            check_limit("finetune_len", check_int("finetune_len", self.finetune_len))
             if self.finetune_len <= self.train_len:
                 raise ValueError(
                     f"finetune_len {self.finetune_len} must exceed train_len {self.train_len}"
@@ -191,7 +219,7 @@ class LabConfig:
         if not self.eval_lens:
             raise ValueError("no evaluation lengths")
         for length in self.eval_lens:
-            check_int("evaluation length", length)
+            check_limit("evaluation length", check_int("evaluation length", length))
         short = [n for n in self.eval_lens if n < self.train_len]
         if short:
             raise ValueError(

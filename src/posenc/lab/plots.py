@@ -10,10 +10,12 @@ figure is drawn (Agg backend, no display needed). Nothing is drawn without a val
 
 from __future__ import annotations
 
+import io
 import math
 from pathlib import Path
 
 from posenc.lab import stats
+from posenc.lab.results import write_bytes
 from posenc.palette import style
 
 __all__ = ["draw_all", "figure_names"]
@@ -51,9 +53,9 @@ def _pyplot():
 
 
 def _save(fig, path: Path) -> Path:
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, bbox_inches="tight")
-    tmp.replace(path)
+    buffer = io.BytesIO()  # rendered in memory: a full disk is an OSError naming the file
+    fig.savefig(buffer, format="png", bbox_inches="tight")
+    write_bytes(path, buffer.getvalue())
     return path
 
 

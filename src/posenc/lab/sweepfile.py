@@ -26,6 +26,7 @@ repeats the sweep (bit for bit on the same machine, with the same thread count).
 from __future__ import annotations
 
 import re
+import stat
 import sys
 from pathlib import Path
 
@@ -95,17 +96,30 @@ def load_sweep(path: str | Path) -> tuple[str, list[Setting]]:
     """Read a sweep file: its text and one ``(name, options)`` per setting (a single
     ``(None, options)`` without ``[[settings]]``), options keyed by argparse destination.
 
+    The file is UTF-8, with or without a byte-order mark.
+
     Raises:
         FileNotFoundError: no such file.
-        ValueError: not TOML, an unknown option, a value of the wrong type, or settings
-            without a unique file-name-safe ``name`` (the message names the file).
+        ValueError: not a regular file (a FIFO or a device is never opened), not UTF-8,
+            not TOML or nested too deeply, an unknown option, a value of the wrong type,
+            or settings without a unique file-name-safe ``name`` (the message names the
+            file).
     """
     path = Path(path)
-    text = path.read_text(encoding="utf-8")
+    if not stat.S_ISREG(path.stat().st_mode):
+        raise ValueError(f"sweep file {str(path)!r} is not a regular file")
+    try:
+        text = path.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ValueError(
+            f"sweep file {str(path)!r} is not UTF-8 text (byte {exc.start}: {exc.reason})"
+        ) from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"sweep file {str(path)!r} is not valid TOML: {exc}") from None
+    except RecursionError:
+        raise ValueError(f"sweep file {str(path)!r} nests too deeply") from None
     settings = data.pop("settings", None)
     top = _options(data, f"sweep file {str(path)!r}")
     if settings is None:

@@ -1,0 +1,176 @@
+"""Hostile sweep files and output folders for ``posenc lab``: bounds named before anything
+is built, every setting checked before the first trains, FIFOs never opened, a user's
+folder never written into, a run record's weights kept inside its folder, the paths of
+undecodable files and failed writes named."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+import posenc.lab.results
+from posenc import cli
+from posenc.lab.config import LIMITS, LabConfig
+from posenc.lab.results import finished_runs, write_bytes
+from posenc.lab.sweepfile import load_sweep
+
+#: A sweep that trains in a second or two.
+TINY = (
+    'quick = true\nencodings = ["nope"]\nsteps = 3\nd_model = 16\nheads = 2\n'
+    "eval_tokens = 128\nscalings = []\nfinetune_steps = 0\nno_progress = true\n"
+    "threads = 1\njobs = 1\n"
+)
+
+
+@contextmanager
+def _within(seconds: int):
+    """Fail instead of hanging (a FIFO opened for reading waits for a writer forever)."""
+
+    def expire(*_):
+        raise TimeoutError(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _sweep(tmp_path: Path, text: str | bytes) -> Path:
+    path = tmp_path / "sweep.toml"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode("utf-8"))
+    return path
+
+
+def _refused(capsys, *args: str) -> str:
+    assert cli.main(["lab", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("posenc: error: "), err
+    return err
+
+
+@pytest.mark.parametrize(
+    ("line", "bound"),
+    [("seeds = 1000000000", "number of seeds must be <= 1000"),
+     ("layers = 100000000", "must be <= 64 "),
+     ("batch_size = 1000000000", "must be <= 65536 "),
+     ("seeds = [18446744073709551616]", f"must be <= {LIMITS['seed']} "),
+     ("seed = 9223372036854775807", f"must be <= {LIMITS['seed']} "),
+     ("--d-model 100000000", "must be <= 8192 "),
+     ("--d-model 8192 --layers 64", "block parameters must be <= ")],
+)  # fmt: skip
+def test_sizes_past_the_lab_bounds_are_refused_before_any_file(tmp_path, capsys, line, bound):
+    flags = line.split() if line.startswith("--") else []
+    sweep = _sweep(tmp_path, TINY + ("" if flags else line + "\n"))
+    out = tmp_path / "out"
+    with _within(30):
+        err = _refused(capsys, "--config", str(sweep), "--out", str(out), *flags)
+    assert bound in err and "the lab's bound" in err
+    assert not out.exists()
+
+
+def test_a_bad_second_setting_is_refused_before_the_first_trains(tmp_path, capsys):
+    for bad in ("steps = -5", 'encodings = ["zzz"]', "layers = 100000"):
+        sweep = _sweep(
+            tmp_path, TINY + f'[[settings]]\nname = "a"\n[[settings]]\nname = "b"\n{bad}\n'
+        )
+        out = tmp_path / "out"
+        err = _refused(capsys, "--config", str(sweep), "--out", str(out))
+        assert "setting 'b'" in err
+        assert not out.exists()
+
+
+def test_sweep_file_encodings_and_kinds(tmp_path, capsys):
+    text, settings = load_sweep(_sweep(tmp_path, "\ufeff" + TINY))  # a byte-order mark
+    assert not text.startswith("\ufeff") and settings[0][1]["steps"] == 3
+    bad = _sweep(tmp_path, b"steps = 3\n# \xff\xfe\n")
+    err = _refused(capsys, "--config", str(bad), "--out", str(tmp_path / "o"))
+    assert str(bad) in err and "not UTF-8" in err
+    deep = _sweep(tmp_path, "a = " + "[" * 5000 + "]" * 5000 + "\n")
+    err = _refused(capsys, "--config", str(deep), "--out", str(tmp_path / "o"))
+    assert str(deep) in err and "nests too deeply" in err
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)
+    with _within(10):
+        err = _refused(capsys, "--config", str(fifo), "--out", str(tmp_path / "o"))
+    assert str(fifo) in err and "not a regular file" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_an_existing_folder_without_a_run_record_is_never_written(tmp_path, capsys):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "report.md").write_text("my own report")
+    (mine / ".notes.tmp").write_text("my notes")
+    sweep = _sweep(tmp_path, TINY + f"out = {json.dumps(str(mine))}\n")
+    err = _refused(capsys, "--config", str(sweep))
+    assert str(mine) in err and "no posenc run record" in err
+    assert sorted(p.name for p in mine.iterdir()) == [".notes.tmp", "report.md"]
+    assert (mine / "report.md").read_text() == "my own report"
+    empty = tmp_path / "empty"  # an empty folder is a new run's folder
+    empty.mkdir()
+    assert cli.main(["lab", "--config", str(sweep), "--out", str(empty)]) == 0
+    assert (empty / "results.json").is_file()
+
+
+def _record(out: Path, weights: str) -> None:
+    (out / "runs").mkdir(parents=True, exist_ok=True)
+    record = {"encoding": "nope", "seed": 0, "status": "ok", "rows": [], "identity": "id",
+              "weights": weights}  # fmt: skip
+    (out / "runs" / "nope-s0.json").write_text(json.dumps(record))
+
+
+def test_a_run_records_weights_stay_inside_its_folder_and_are_regular_files(tmp_path):
+    out = tmp_path / "out"
+    outside = tmp_path / "elsewhere.pt"
+    outside.write_bytes(b"not read")
+    for weights in (str(outside), "../elsewhere.pt", "runs/../../elsewhere.pt"):
+        _record(out, weights)
+        with pytest.raises(ValueError, match="weights must be a path inside"):
+            finished_runs(out, "id")
+    os.mkfifo(out / "runs" / "nope-s0.pt")
+    _record(out, "runs/nope-s0.pt")
+    with _within(10), pytest.raises(ValueError, match="not a regular file"):
+        finished_runs(out, "id")
+    (out / "runs" / "nope-s0.pt").unlink()
+    assert finished_runs(out, "id") == {}  # missing weights: the run is done again
+
+
+def test_a_failed_write_names_its_path(tmp_path, monkeypatch):
+    class Full:
+        def __init__(self, fd, mode):
+            os.close(fd)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(posenc.lab.results.os, "fdopen", Full)
+    path = tmp_path / "results.json"
+    with pytest.raises(OSError) as caught:
+        write_bytes(path, b"{}")
+    assert caught.value.filename == str(path)
+    line = cli.error_line(caught.value)
+    assert str(path) in line and "disk full" in line
+    assert list(tmp_path.iterdir()) == []  # no temporary file left
+
+
+def test_limits_hold_for_the_config_itself():
+    for name, value in (("num_layers", 65), ("num_heads", 257), ("batch_size", 1 << 17)):
+        with pytest.raises(ValueError, match=f"{name} must be <= "):
+            LabConfig(**{name: value})
+    with pytest.raises(ValueError, match="number of seeds must be <= 1000"):
+        LabConfig(seeds=tuple(range(1001)))
