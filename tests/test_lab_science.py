@@ -20,6 +20,7 @@ from posenc.lab import LabConfig, Task, TinyLM
 from posenc.lab.corpus import FORTUNES, load_corpus
 from posenc.lab.distributed import Context
 from posenc.lab.evaluate import perplexity, window_starts
+from posenc.lab.model import LEARNED_STD, seeded_model
 from posenc.lab.stats import Cell, Row, chain, paired_wins, t_quantile
 from posenc.lab.tasks import DEPTHS
 from posenc.lab.variants import build_encoding, variants
@@ -57,14 +58,33 @@ def test_t5_max_distance_lets_every_bucket_train():
     assert t5.max_distance == config.train_len
 
 
-def test_learned_table_starts_at_the_embeddings_scale():
+def _shared(model: TinyLM) -> dict[str, torch.Tensor]:
+    """Every parameter that is not the encoding's (the encoding is one module shared by
+    the blocks, so its parameters are listed once, under ``encoding.``)."""
+    own = {id(p) for p in model.encoding.parameters()}
+    return {n: p.detach() for n, p in model.named_parameters() if id(p) not in own}
+
+
+@pytest.mark.parametrize("name", ["sinusoidal", "learned", "rope", "alibi", "t5", "fire", "cope"])
+def test_same_seed_same_shared_weights_whatever_the_encoding(name):
+    config = LabConfig(encodings=(name,), d_model=32, num_heads=2)
+    shape = {"vocab_size": 256, "d_model": 32, "num_layers": 2, "num_heads": 2}
+    nope = seeded_model(lambda: build_encoding("nope", config), seed=3, **shape)
+    other = seeded_model(lambda: build_encoding(name, config), seed=3, **shape)
+    assert list(_shared(nope)) == list(_shared(other))
+    for key, value in _shared(nope).items():
+        assert torch.equal(value, _shared(other)[key]), key
+    seed4 = seeded_model(lambda: build_encoding(name, config), seed=4, **shape)
+    assert not torch.equal(_shared(seed4)["embedding.weight"], _shared(other)["embedding.weight"])
+
+
+def test_learned_table_starts_as_gpt2s():
     config = LabConfig(encodings=("learned",))
-    torch.manual_seed(0)
-    model = TinyLM(build_encoding("learned", config), vocab_size=256, d_model=96,
-                   num_layers=1, num_heads=4)  # fmt: skip
+    model = seeded_model(lambda: build_encoding("learned", config), seed=0, vocab_size=256,
+                         d_model=96, num_layers=1, num_heads=4)  # fmt: skip
     n = model.encoding.weight.numel()
     tolerance = 5 / math.sqrt(2 * n)  # five standard errors of a sample standard deviation
-    assert abs(float(model.encoding.weight.detach().std()) - 1.0) < tolerance
+    assert abs(float(model.encoding.weight.detach().std()) / LEARNED_STD - 1.0) < tolerance
     assert abs(float(model.embedding.weight.detach().std()) - 1.0) < 5 / math.sqrt(2 * 256 * 96)
 
 

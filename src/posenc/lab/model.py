@@ -6,9 +6,15 @@ LayerNorm and an untied output projection. One encoding instance serves every la
 its INPUT hook is applied here to the token embeddings, its QK / SCORE / VALUE hooks by
 ``posenc.MultiHeadAttention`` in each block, so the lab measures the library's own
 attention. Token embeddings keep PyTorch's N(0, 1) initialisation, the scale of a
-sinusoidal table, so neither drowns the other at the start; a learned position table is
-drawn at that scale too (N(0, 1) rather than GPT-2's N(0, 0.02^2), which next to N(0, 1)
-token embeddings starts the model with almost no position signal).
+sinusoidal table, so neither drowns the other at the start.
+
+``seeded_model`` makes "same seed, same initialisation" exact: the encoding's own
+parameters (a learned table, T5's bucket biases, ...) are drawn from their own stream
+(seed ``ENCODING_STREAM + seed``), and then every shared parameter (embeddings, blocks,
+head) from ``seed``, so two models that differ only in their encoding start with the
+same shared weights. A learned position table starts as GPT-2's does: N(0, 0.02^2)
+(transformers' ``GPT2PreTrainedModel._init_weights``, ``initializer_range`` 0.02;
+OpenAI's original TensorFlow code draws ``wpe`` at std 0.01 beside ``wte`` at 0.02).
 
 The attention backend follows what the pass is (``attention_backend``), the same
 arithmetic up to float rounding: with gradients (training windows of 64 to 256 tokens)
@@ -27,6 +33,8 @@ bits.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor, nn
 
@@ -35,7 +43,12 @@ from posenc.attention import MultiHeadAttention
 from posenc.base import PositionalEncoding, Site
 from posenc.encodings.learned import LearnedPositionalEncoding
 
-__all__ = ["TinyLM", "attention_backend"]
+__all__ = ["ENCODING_STREAM", "LEARNED_STD", "TinyLM", "attention_backend", "seeded_model"]
+
+#: The encoding's parameters are drawn with seed ``ENCODING_STREAM + seed``.
+ENCODING_STREAM = 1 << 32
+#: Standard deviation of a learned position table at initialisation (GPT-2's).
+LEARNED_STD = 0.02
 
 
 def attention_backend(encoding: PositionalEncoding, *, grad: bool) -> str:
@@ -92,8 +105,6 @@ class TinyLM(nn.Module):
             "num_heads": num_heads,
         }
         self.embedding = nn.Embedding(vocab_size, d_model)  # N(0, 1)
-        if isinstance(encoding, LearnedPositionalEncoding):
-            nn.init.normal_(encoding.weight, mean=0.0, std=1.0)  # the embeddings' scale
         self.encoding = encoding
         self.blocks = nn.ModuleList(_Block(d_model, num_heads, encoding) for _ in range(num_layers))
         self.ln_out = nn.LayerNorm(d_model)
@@ -123,3 +134,22 @@ class TinyLM(nn.Module):
         twin = TinyLM(encoding, **self.shape).to(next(self.parameters()).device)
         twin.load_state_dict(self.state_dict())
         return twin
+
+
+def seeded_model(
+    make_encoding: Callable[[], PositionalEncoding], *, seed: int, **shape: int
+) -> TinyLM:
+    """A ``TinyLM`` whose shared weights depend on ``seed`` only (see the module docstring).
+
+    Args:
+        make_encoding: builds the encoding (called with the encoding's stream seeded).
+        seed: the run's seed.
+        shape: ``TinyLM``'s keywords (``vocab_size``, ``d_model``, ``num_layers``,
+            ``num_heads``).
+    """
+    torch.manual_seed(ENCODING_STREAM + seed)
+    encoding = make_encoding()
+    if isinstance(encoding, LearnedPositionalEncoding):
+        nn.init.normal_(encoding.weight, mean=0.0, std=LEARNED_STD)
+    torch.manual_seed(seed)
+    return TinyLM(encoding, **shape)

@@ -32,7 +32,7 @@ from torch import nn
 
 from posenc.lab.config import LEARNED, LabConfig
 from posenc.lab.distributed import Context
-from posenc.lab.model import TinyLM
+from posenc.lab.model import TinyLM, seeded_model
 from posenc.lab.results import run_environment, write_bytes, write_weights
 from posenc.lab.train import NonFiniteLoss, Until, train
 from posenc.lab.variants import Variant, build_encoding, is_rotary, variants
@@ -137,10 +137,10 @@ class Runner:
         if "heldout" in self.work.data:  # the overlap of its evaluation text (text only)
             record["heldout"] = self.work.data["heldout"]
         start = time.perf_counter(), time.process_time()
-        torch.manual_seed(seed)
         try:
-            model = TinyLM(
-                build_encoding(name, config),
+            model = seeded_model(
+                lambda: build_encoding(name, config),
+                seed=seed,
                 vocab_size=self.work.vocab_size,
                 d_model=config.d_model,
                 num_layers=config.num_layers,
