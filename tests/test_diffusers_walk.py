@@ -4,7 +4,7 @@ The walk imports each module of ``diffusers.models.transformers`` and collects i
 classes (``ModelMixin`` subclasses defined there). Each must be a class of a row of
 ``posenc.diffusers.FAMILIES`` with a parity case in ``tests/_diffusers_cases`` or a row of
 the "Not matched" table of ``docs/diffusers.md``, never both; the page's coverage line
-must be the walk's count and the installed version.
+and the README's must be the walk's count and the installed version.
 """
 
 from __future__ import annotations
@@ -81,6 +81,9 @@ def test_page_lists_the_matched_classes_and_the_walks_coverage():
     line = f"Coverage: **{len(MATCHED)} / {len(_model_classes())}** model classes"
     assert line in PAGE.read_text()
     assert f"diffusers {version}" in _section("Coverage")
+    total = len(_model_classes())
+    readme = (PAGE.parents[1] / "README.md").read_text()
+    assert f"**{len(MATCHED)} of the {total} model classes of diffusers {version}**" in readme
 
 
 @pytest.mark.parametrize("name", sorted(MATCHED))
