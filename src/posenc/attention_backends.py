@@ -204,7 +204,9 @@ def attend(
     bad = ~(torch.isfinite(k).all(-1) & torch.isfinite(v).all(-1))  # [B, H, Tk]
     if not bool(bad.any()):
         return out  # from the queries (or the bias) themselves: nothing was masked
-    k, v = (torch.where(bad[..., None], 0.0, t) for t in (k, v))
+    # zeroed in copies with the same strides: a matmul over another memory layout may
+    # round differently, and the rows that see no bad key must stay bit-identical
+    k, v = (t.clone().masked_fill_(bad[..., None], 0.0) for t in (k, v))
     return run(q, k, v).masked_fill(_sees(masking, bad, block_size)[..., None], float("nan"))
 
 
