@@ -1,4 +1,4 @@
-"""FoX, stick-breaking and DAPE against their float64 references (``posenc.reference``)
+"""FoX, stick-breaking, PaTH and DAPE against their float64 references (``posenc.reference``)
 and against flash-linear-attention's kernels (``fla-core``, Triton interpreted on CPU).
 
 Shapes: ``B`` batch, ``H`` heads, ``T`` length, ``D`` head_dim, ``C`` d_model.
@@ -21,6 +21,7 @@ from posenc.attention_backends import Masking, attend
 from posenc.encodings import (
     DAPE,
     ForgettingAttention,
+    PaTH,
     StickBreakingAttention,
     stick_breaking_weights,
 )
@@ -95,6 +96,34 @@ def test_stick_breaking_layer_matches_the_reference(attend_current, dtype):
     torch.testing.assert_close(mha(x).double(), want, **tolerances(dtype, ops=OPS))
     if not attend_current:  # the first token has no earlier key: nothing but the bias
         torch.testing.assert_close(mha(x)[:, 0], torch.zeros(B, C, dtype=dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_path_layer_matches_the_reference(dtype):
+    mha = _layer("path", dtype=dtype, block_size=3)
+    x = _x(dtype)
+    q, k, v = _heads(mha, x)
+    enc = mha.position
+    params = [enc.direction.weight, enc.strength.weight, enc.strength.bias]
+    params = [t.detach().double().numpy() for t in params]
+    xs = x.detach().double().numpy()
+    ref = []
+    for i in range(B):
+        w, beta = reference.path_householder(xs[i], *params)
+        ref.append(reference.path_attention(q[i], k[i], v[i], w, beta))
+    want = _project_out(mha, np.stack(ref))
+    torch.testing.assert_close(mha(x).double(), want, **tolerances(dtype, ops=OPS))
+
+
+def test_path_with_vanishing_strength_is_nope():
+    """``beta = 0``: every ``H_t`` is the identity, plain causal attention."""
+    path, nope = _layer("path"), _layer("nope")
+    with torch.no_grad():
+        path.position.strength.weight.zero_()
+        path.position.strength.bias.fill_(-1e4)  # 2 sigmoid(-1e4) = 0 in float64
+    nope.load_state_dict({k: v for k, v in path.state_dict().items() if "position" not in k})
+    x = _x()
+    torch.testing.assert_close(path(x), nope(x), **tolerances(torch.float64, ops=OPS))
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -201,6 +230,24 @@ def test_fox_matches_fla_forgetting_attention(fla_ops):
     torch.testing.assert_close(got, naive, **tol)
 
 
+def test_path_matches_fla_path_attention(fla_ops):
+    path_ops = pytest.importorskip("fla.ops.path_attn")
+    q, k, v = _qkv(3)
+    gen = torch.Generator().manual_seed(4)
+    w = torch.nn.functional.normalize(torch.randn(B, H, 16, 16, generator=gen), dim=-1)
+    beta = 2 * torch.sigmoid(torch.randn(B, H, 16, generator=gen))
+    index = torch.arange(16.0).expand(B, H, 16)
+    gates = torch.cat((w, beta[..., None], index[..., None]), dim=-1)
+    got = _attend(PaTH(C, H, head_dim=16), q, k, v, gates)
+    args = (_bthd(q), _bthd(k), _bthd(v), _bthd(w), beta.transpose(1, 2).contiguous())
+    zero_g = torch.zeros(B, 16, H)
+    naive = path_ops.naive_path_attn(*args, zero_g, 16**-0.5, chunk_size=8).transpose(1, 2)
+    fla, _ = path_ops.parallel_path_attn(*args, g=zero_g, scale=16**-0.5)
+    tol = tolerances(torch.float32, ops=64)
+    torch.testing.assert_close(got, naive, **tol)
+    torch.testing.assert_close(got, fla.transpose(1, 2), **tol)
+
+
 @pytest.mark.parametrize("attend_current", [False, True])
 def test_stick_breaking_matches_fla(fla_ops, attend_current):
     _, stick = fla_ops
@@ -219,7 +266,7 @@ def test_stick_breaking_matches_fla(fla_ops, attend_current):
 
 
 def test_weights_encodings_refuse_bidirectional_attention_and_composition():
-    for name in ("fox", "stick_breaking"):
+    for name in ("fox", "stick_breaking", "path"):
         with pytest.raises(ValueError, match="causal=False"):
             posenc.build(name, d_model=C, num_heads=H, causal=False)
         with pytest.raises(ValueError, match="cannot be composed"):

@@ -5,9 +5,11 @@ from posenc.encodings.cope import CoPE, cope_bias, cope_positions
 from posenc.encodings.data_dependent import (
     DAPE,
     ForgettingAttention,
+    PaTH,
     StickBreakingAttention,
     dape_bias,
     fox_weights,
+    path_weights,
     stick_breaking_weights,
 )
 from posenc.encodings.disentangled import (
@@ -81,6 +83,7 @@ __all__ = [
     "MRoPE",
     "NTKScaling",
     "NoPE",
+    "PaTH",
     "PositionTemperature",
     "ProportionalScaling",
     "RelativeEmbeddingTable",
@@ -110,6 +113,7 @@ __all__ = [
     "log_bucket_position",
     "mrope_decode_positions",
     "mrope_position_ids",
+    "path_weights",
     "rerotate_keys",
     "rope_cos_sin",
     "rope_inv_freq",

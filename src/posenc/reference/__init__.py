@@ -26,6 +26,8 @@ from posenc.reference.data_dependent import (
     dape_bias,
     fox_attention,
     fox_log_forget,
+    path_attention,
+    path_householder,
     stick_breaking_attention,
 )
 from posenc.reference.rope import (
@@ -61,6 +63,8 @@ __all__ = [
     "longrope_attention_factor",
     "longrope_frequencies",
     "ntk_frequencies",
+    "path_attention",
+    "path_householder",
     "rope_frequencies",
     "rope_rotate",
     "rope_rotation_matrix",

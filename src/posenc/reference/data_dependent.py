@@ -10,7 +10,14 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["dape_bias", "fox_attention", "fox_log_forget", "stick_breaking_attention"]
+__all__ = [
+    "dape_bias",
+    "fox_attention",
+    "fox_log_forget",
+    "path_attention",
+    "path_householder",
+    "stick_breaking_attention",
+]
 
 
 def _f64(*arrays: np.ndarray) -> list[np.ndarray]:
@@ -79,6 +86,52 @@ def stick_breaking_attention(
             for j in range(last + 1):
                 weight = beta[j] * np.prod(1.0 - beta[j + 1 : last + 1])
                 out[h, i] += weight * v[h, j]
+    return out
+
+
+def path_householder(
+    x: np.ndarray, direction: np.ndarray, strength: np.ndarray, offset: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """PaTH's ``w_t = W_w x_t / |W_w x_t|`` per head and ``beta_t = 2 sigmoid(u . x_t + b)``
+    (Yang et al. 2025, sec. 3): ``x [T, C]``, ``direction [H * D, C]``, ``strength [H, C]``,
+    ``offset [H]`` -> ``w [H, T, D]``, ``beta [H, T]``."""
+    x, direction, strength, offset = _f64(x, direction, strength, offset)
+    heads = strength.shape[0]
+    w = (x @ direction.T).reshape(x.shape[0], heads, -1).transpose(1, 0, 2)  # [H, T, D]
+    w = w / np.linalg.norm(w, axis=-1, keepdims=True)
+    beta = 2.0 / (1.0 + np.exp(-(strength @ x.T + offset[:, None])))
+    return w, beta
+
+
+def path_attention(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, w: np.ndarray, beta: np.ndarray
+) -> np.ndarray:
+    """PaTH attention (Yang et al. 2025, eq. (3)), causal, with the matrices written out.
+
+    ``s_ij = q_i^T H_i H_{i-1} ... H_{j+1} k_j / sqrt(D)``, ``H_t = I - beta_t w_t w_t^T``,
+    ``o_i = sum_{j <= i} softmax_j(s_ij) v_j``.
+
+    Args:
+        q, k, v, w: ``[H, T, D]``.
+        beta: ``[H, T]``.
+
+    Returns:
+        ``[H, T, D]``.
+    """
+    q, k, v, w, beta = _f64(q, k, v, w, beta)
+    heads, length, dim = q.shape
+    out = np.zeros_like(v)
+    for h in range(heads):
+        house = [np.eye(dim) - beta[h, t] * np.outer(w[h, t], w[h, t]) for t in range(length)]
+        for i in range(length):
+            s = np.empty(i + 1)
+            for j in range(i + 1):
+                product = np.eye(dim)
+                for t in range(i, j, -1):  # H_i H_{i-1} ... H_{j+1}
+                    product = product @ house[t]
+                s[j] = q[h, i] @ product @ k[h, j] / np.sqrt(dim)
+            p = np.exp(s - s.max())
+            out[h, i] = (p / p.sum()) @ v[h, : i + 1]
     return out
 
 

@@ -66,7 +66,8 @@ def stick_breaking_weights(
     work = compute_dtype(q.dtype)
     z = torch.matmul(q, k.to(q.dtype).transpose(-2, -1)).to(work) * q.shape[-1] ** -0.5
     log_keep = F.logsigmoid(-z).masked_fill(~visible, 0.0)  # log(1 - beta); 0: no break
-    after = log_keep.flip(-1).cumsum(-1).flip(-1) - log_keep  # sum over visible l > j
+    suffix = log_keep.flip(-1).cumsum(-1).flip(-1)  # sum over visible l >= j
+    after = F.pad(suffix[..., 1:], (0, 1))  # l > j: shifted, not suffix - log_keep (no cancelling)
     log_weights = (F.logsigmoid(z) + after).masked_fill(~visible, float("-inf"))
     return log_weights.exp().to(q.dtype)
 
