@@ -23,6 +23,8 @@ import torch
 from diffusers.models import embeddings as E
 from diffusers.models.transformers import (
     transformer_bria,
+    transformer_bria_fibo,
+    transformer_bria_fibo2,
     transformer_chronoedit,
     transformer_cogview4,
     transformer_easyanimate,
@@ -30,6 +32,7 @@ from diffusers.models.transformers import (
     transformer_flux2,
     transformer_flux3,
     transformer_glm_image,
+    transformer_helios,
     transformer_hidream_image,
     transformer_hunyuan_video,
     transformer_hunyuan_video15,
@@ -38,8 +41,10 @@ from diffusers.models.transformers import (
     transformer_longcat_image,
     transformer_lumina2,
     transformer_motif_video,
+    transformer_nucleusmoe_image,
     transformer_ovis_image,
     transformer_qwenimage,
+    transformer_qwenimage21,
     transformer_sana_video,
     transformer_skyreels_v2,
     transformer_wan,
@@ -120,6 +125,43 @@ def _qwen(config, grid):
     )
     video, _ = module([grid], device=torch.device("cpu"), max_txt_seq_len=4)
     return "complex", video
+
+
+def _nucleus(config, grid):
+    module = transformer_nucleusmoe_image.NucleusMoEEmbedRope(
+        theta=10000, axes_dim=list(config["axes_dims_rope"]), scale_rope=True
+    )
+    video, _ = module([grid], device=torch.device("cpu"), max_txt_seq_len=4)
+    return "complex", video
+
+
+def _qwen21(config, grid):
+    """One image after ``caption_length`` text tokens, then two more text tokens."""
+    _, h, w = grid
+    module = transformer_qwenimage21.QwenImage21Rope(
+        theta=10000, axes_dim=list(config["axes_dims_rope"])
+    )
+    text = config["caption_length"]
+    mask = torch.tensor([False] * text + [True] * (h * w) + [False] * 2)
+    freqs = module([(1, h, w)], mask, torch.device("cpu"))
+    return "complex", freqs[text : text + h * w]
+
+
+def _bria_fibo2(config, grid):
+    """The image plane of ``BriaFibo2Transformer2DModel.forward``: after the gist tokens."""
+    module = transformer_bria_fibo2.RopeEmbedder(
+        theta=config["rope_theta"], axes_dims=list(config["axes_dims"]), axes_lens=[64, 32, 32]
+    )
+    start = (config["max_num_gist_tokens"] + 1, 0, 0)
+    return "complex", module(grid_positions(*grid, start=start))
+
+
+def _helios(config, grid):
+    f, h, w = grid
+    module = transformer_helios.HeliosRotaryPosEmbed(list(config["rope_dim"]), config["rope_theta"])
+    table = module(torch.arange(f)[None], h, w, torch.device("cpu"))  # [1, 2D, F, H, W]
+    cos, sin = table[0].flatten(1).T.chunk(2, dim=-1)
+    return "real", cos, sin
 
 
 def _lumina2(config, grid):
@@ -257,6 +299,26 @@ ROPE_CASES = [
         "Flux2Transformer2DModel",
         {"attention_head_dim": 16, "axes_dims_rope": (4, 4, 4, 4), "rope_theta": 2000},
         (2, 3, 4), _pos_embed(transformer_flux2.Flux2PosEmbed),
+    ),
+    Case("NucleusMoEImageTransformer2DModel", FLUX, (1, 4, 5), _nucleus),
+    Case(
+        "QwenImage21Transformer2DModel", {**FLUX, "caption_length": 3}, (1, 5, 4), _qwen21
+    ),
+    Case(
+        "BriaFiboTransformer2DModel",
+        {"attention_head_dim": 16, "axes_dims_rope": (4, 6, 6), "rope_theta": 10000},
+        (1, 3, 4), _pos_embed(transformer_bria_fibo.BriaFiboEmbedND),
+    ),
+    Case(
+        "BriaFibo2Transformer2DModel",
+        {"dim": 32, "n_heads": 2, "axes_dims": (4, 6, 6), "rope_theta": 256.0,
+         "max_num_gist_tokens": 40},
+        (1, 3, 4), _bria_fibo2,
+    ),
+    Case(
+        "HeliosTransformer3DModel",
+        {"attention_head_dim": 16, "rope_dim": (4, 6, 6), "rope_theta": 10000.0},
+        (3, 2, 4), _helios,
     ),
     Case("QwenImageTransformer2DModel", FLUX, (2, 5, 4), _qwen),
     Case(

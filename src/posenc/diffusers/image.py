@@ -8,7 +8,9 @@ Shapes: ``D`` head_dim, ``C`` d_model, ``H x W`` patches, ``N = H W`` image toke
   builds the same angles as 2x2 rotation matrices.
 * Qwen-Image (Qwen team 2025, sec. 2.3, "MSRoPE") uses Flux's blocks at centred rows and
   columns; its text continues on the diagonal from ``max(H//2, W//2)``.
-* Lumina-Image 2.0 and Z-Image place the image after the caption on axis 0.
+* Lumina-Image 2.0 and Z-Image place the image after the caption on axis 0, Bria FIBO 2
+  after its gist tokens; Qwen-Image 2.1 centres the image's rows and columns at the
+  caption's length on axis 0.
 * Hunyuan-DiT (Li et al. 2024): two blocks of ``D/2``, the column's first, at fractional
   coordinates of the image's crop in a 512-pixel canvas. Lumina-Next (Zhuo et al. 2024):
   pairs alternate row and column.
@@ -75,15 +77,23 @@ def _z_image(config: Config) -> AxialRope:
     return axes_rope(width, need(config, "axes_dims"), need(config, "rope_theta"))
 
 
-def _after_caption(offset: int):
-    """Images at ``t = caption_length + offset`` (``caption_length``, a key of the call,
-    default 0; Lumina 2: ``offset=0``; Z-Image: 1, after the caption padded to 32)."""
+def _after(key: str, offset: int, default: int | None = 0):
+    """Images at ``t = config[key] + offset``: after the caption (``caption_length``, a key
+    of the call, default 0; Lumina 2: ``offset=0``; Z-Image: 1, the caption padded to 32) or
+    after Bria FIBO 2's gist tokens (``max_num_gist_tokens + 1``)."""
 
     def positions(config: Config, frames: int, height: int, width: int) -> Tensor:
-        start = int(config.get("caption_length", 0)) + offset
-        return grid_positions(frames, height, width, start=(start, 0, 0))
+        start = int(config.get(key, default) if default is not None else need(config, key))
+        return grid_positions(frames, height, width, start=(start + offset, 0, 0))
 
     return positions
+
+
+def _centred_after_caption(config: Config, frames: int, height: int, width: int) -> Tensor:
+    """Qwen-Image 2.1: the image's frame axis at the caption's length, rows and columns
+    centred (``caption_length``, a key of the call, default 0)."""
+    index = int(config.get("caption_length", 0))
+    return centred_positions(frames, height, width, index=index)
 
 
 def _hunyuan_dit(config: Config) -> AxialRope:
@@ -146,17 +156,29 @@ IMAGE_FAMILIES: tuple[Family, ...] = (
     ),
     row(
         "Flux.2 axes RoPE",
-        "Flux2Transformer2DModel Flux3Transformer2DModel Krea2Transformer2DModel",
+        "Flux2Transformer2DModel Flux3Transformer2DModel Krea2Transformer2DModel "
+        "BriaFiboTransformer2DModel",
         _flux2, _ids, "Flux2PosEmbed, Flux3PosEmbed, Krea2RotaryPosEmbed",
     ),
-    row("Qwen-Image MSRoPE", "QwenImageTransformer2DModel", _flux, _qwen, "QwenEmbedRope"),
     row(
-        "Lumina 2 axes RoPE", "Lumina2Transformer2DModel", _lumina2, _after_caption(0),
+        "Qwen-Image MSRoPE", "QwenImageTransformer2DModel NucleusMoEImageTransformer2DModel",
+        _flux, _qwen, "QwenEmbedRope, NucleusMoEEmbedRope",
+    ),
+    row(
+        "Qwen-Image 2.1 MSRoPE", "QwenImage21Transformer2DModel", _flux, _centred_after_caption,
+        "QwenImage21Rope",
+    ),
+    row(
+        "Lumina 2 axes RoPE", "Lumina2Transformer2DModel", _lumina2, _after("caption_length", 0),
         "Lumina2RotaryPosEmbed",
     ),
     row(
-        "Z-Image axes RoPE", "ZImageTransformer2DModel", _z_image, _after_caption(1),
+        "Z-Image axes RoPE", "ZImageTransformer2DModel", _z_image, _after("caption_length", 1),
         "RopeEmbedder",
+    ),
+    row(
+        "Bria FIBO 2 axes RoPE", "BriaFibo2Transformer2DModel", _z_image,
+        _after("max_num_gist_tokens", 1, None), "RopeEmbedder (transformer_bria_fibo2)",
     ),
     row(
         "Hunyuan-DiT 2-D RoPE", "HunyuanDiT2DModel", _hunyuan_dit, _hunyuan_dit_positions,

@@ -7,7 +7,8 @@ RoPE here rotates one block of features per axis ``(t, y, x)``, adjacent pairs:
   ``(D - 4 [D/6], 2 [D/6], 2 [D/6])``, theta 10000; ChronoEdit numbers a two-frame edit
   ``t = (0, temporal_skip_len - 1)``;
 * HunyuanVideo (Kong et al. 2024, sec. 3.2): ``rope_axes_dim`` (16, 56, 56), theta 256
-  (HunyuanImage: the same on two axes);
+  (HunyuanImage: the same on two axes); Helios: ``rope_dim`` / ``rope_theta`` at the frame
+  indices of the current and history latents (here ``0..F-1``);
 * CogVideoX (Yang et al. 2024, sec. 2.2, 3-D RoPE): blocks ``(D/4, 3D/8, 3D/8)``, theta
   10000, at the fractional coordinates of the video's crop in the ``sample_height x
   sample_width`` canvas (CogVideoX 1.5, with ``patch_size_t``: the integer grid);
@@ -55,6 +56,10 @@ def _hunyuan(config: Config) -> AxialRope:
 def _hunyuan_positions(config: Config, frames: int, height: int, width: int) -> Tensor:
     full = grid_positions(frames, height, width)
     return full if len(need(config, "rope_axes_dim")) == 3 else full[:, 1:]
+
+
+def _helios(config: Config) -> AxialRope:
+    return axes_rope(head_dim(config), need(config, "rope_dim"), need(config, "rope_theta"))
 
 
 def _cogvideox_dims(width: int) -> tuple[int, int, int]:
@@ -112,6 +117,7 @@ VIDEO_FAMILIES: tuple[Family, ...] = (
         "MotifVideoTransformer3DModel HunyuanImageTransformer2DModel",
         _hunyuan, _hunyuan_positions, "HunyuanVideoRotaryPosEmbed and its copies",
     ),
+    row("Helios 3-D RoPE", "HeliosTransformer3DModel", _helios, _video, "HeliosRotaryPosEmbed"),
     row(
         "CogVideoX 3-D RoPE / 3-D sin-cos",
         "CogVideoXTransformer3DModel ConsisIDTransformer3DModel",
