@@ -372,7 +372,14 @@ def test_scaling_specs_build_rotary_encodings(kind):
 
 def test_variants_per_encoding():
     config = LabConfig(encodings=("rope",), learned_beyond="interpolate")
-    assert [v.label for v in variants("rope", config)] == [f"rope +{s}" for s in config.scalings]
+    labels = [v.label for v in variants("rope", config)]
+    assert [label for label in labels if label.count("+") == 1] == [
+        f"rope +{s}" for s in config.scalings
+    ]
+    assert set(labels) - {f"rope +{s}" for s in config.scalings} == {
+        "rope +dynamic +decoded",  # dynamic NTK as decoded through a KV cache
+        "rope +yarn +hf",  # YaRN at transformers' default betas
+    }
     assert [v.label for v in variants("learned", config)] == ["learned +interpolate"]
     assert variants("alibi", config) == []
     assert variants("learned", config.replace(learned_beyond="error")) == []

@@ -218,7 +218,7 @@ class Runner:
 
             def at(length, variant=variant):
                 factor = length / config.train_len
-                return model.with_encoding(build_encoding(name, config, **variant.options(factor)))
+                return model.with_encoding(variant.encoding(name, config, factor))
 
             rows.append(self._row(variant.label, variant.kind, at, seed, base))
         if config.finetune_steps and is_rotary(name):
@@ -269,4 +269,4 @@ def _in_lab_words(message: str) -> str:
 def _tuned(name: str, config: LabConfig) -> list[Variant]:
     """The scaling variants of ``name`` fine-tuned under Chen et al.'s protocol."""
     tuned = config.replace(scalings=config.finetune_scalings)
-    return [v for v in variants(name, tuned) if v.kind == "scaling"]
+    return [v for v in variants(name, tuned) if v.kind == "scaling" and v.tunable]

@@ -11,6 +11,10 @@ keeping every weight (``TinyLM.with_encoding``):
   dynamic NTK (emozilla 2023) at its own fixed ``factor`` (``LabConfig.dynamic_factor``),
   because it already stretches its base from the length it sees (passing ``L /
   train_len`` too would stretch the base by ``f**2 - f + 1``, not ``f``);
+* dynamic NTK as deployed, ``+dynamic +decoded``: scored as incremental decoding through
+  a KV cache (``posenc.lab.decoded``), beside ``+dynamic`` over whole windows;
+* YaRN with its ramp bounds scaled to the training length, and with transformers'
+  defaults as the row ``+yarn +hf`` (see ``yarn_betas``);
 * a learned table stretched by interpolation beyond its length.
 
 At ``L <= train_len`` a variant is the trained model itself (``factor`` 1). A
@@ -25,9 +29,26 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from posenc.base import PositionalEncoding, build, info
+from posenc.encodings.rotary.module import RotaryEmbedding
 from posenc.lab.config import LabConfig
+from posenc.lab.decoded import DecodedDynamicNTK
 
-__all__ = ["Variant", "build_encoding", "is_rotary", "scaling_spec", "variants"]
+__all__ = [
+    "YARN_BETAS",
+    "YARN_REFERENCE_LEN",
+    "Variant",
+    "build_encoding",
+    "is_rotary",
+    "scaling_spec",
+    "variants",
+    "yarn_betas",
+]
+
+#: YaRN's ``(beta_fast, beta_slow)`` for Llama 2 (Peng et al. 2023, section 3.2:
+#: ``alpha = 1, beta = 32``), transformers' defaults.
+YARN_BETAS = (32.0, 1.0)
+#: The original length those values were chosen for (Llama 2: 4096).
+YARN_REFERENCE_LEN = 4096
 
 
 @dataclass(frozen=True)
@@ -38,11 +59,23 @@ class Variant:
         label: the row's name in the table.
         kind: ``"scaling"`` or ``"interpolate"`` (the plot's line style).
         options: extra constructor keywords of the encoding for a factor ``L / train_len``.
+        make: builds the encoding for a factor itself (``None``: ``build_encoding`` with
+            ``options``).
+        tunable: whether the fine-tuned rows may use it (``False`` for the rows that
+            re-evaluate another scaling: decoded, transformers' defaults).
     """
 
     label: str
     kind: str
     options: Callable[[float], dict[str, object]]
+    make: Callable[[float], PositionalEncoding] | None = None
+    tunable: bool = True
+
+    def encoding(self, name: str, config: LabConfig, factor: float) -> PositionalEncoding:
+        """The encoding of this row for a model trained with ``name``, at ``factor``."""
+        if self.make is not None:
+            return self.make(factor)
+        return build_encoding(name, config, **self.options(factor))
 
 
 def build_encoding(name: str, config: LabConfig, **options: object) -> PositionalEncoding:
@@ -61,19 +94,43 @@ def build_encoding(name: str, config: LabConfig, **options: object) -> Positiona
     )
 
 
+def yarn_betas(original: int) -> tuple[float, float]:
+    """YaRN's ``(beta_fast, beta_slow)`` for a model trained at ``original`` positions.
+
+    YaRN keeps the rotary pairs that turn more than ``beta_fast`` times over the original
+    length and interpolates those that turn fewer than ``beta_slow`` times (Peng et al.
+    2023, eq. 17-18), i.e. its bounds are the wavelengths ``original / beta``. Scaling
+    both betas by ``original / YARN_REFERENCE_LEN`` keeps those wavelengths (128 and 4096
+    positions), so with the same RoPE base the pairs fall into the same three groups as
+    for Llama 2 (about a third kept, a quarter interpolated at ``D = 24``). Unscaled, at
+    ``original = 64`` no pair turns 32 times (at most ``64 / 2 pi``) and most pairs are
+    interpolated fully.
+    """
+    ratio = original / YARN_REFERENCE_LEN
+    return YARN_BETAS[0] * ratio, YARN_BETAS[1] * ratio
+
+
 def scaling_spec(
-    kind: str, factor: float, original: int, *, dynamic_factor: float = 2.0
+    kind: str,
+    factor: float,
+    original: int,
+    *,
+    dynamic_factor: float = 2.0,
+    hf_defaults: bool = False,
 ) -> dict[str, object]:
     """The Hugging Face style ``rope_scaling`` dict of ``kind`` at stretch ``factor``.
 
     Dynamic NTK ignores ``factor`` and takes ``dynamic_factor``, its own hyperparameter
-    (it computes the stretch from the sequence length itself).
+    (it computes the stretch from the sequence length itself). YaRN's betas follow
+    ``original`` (``yarn_betas``) unless ``hf_defaults`` (transformers' 32 and 1).
     """
     if kind == "dynamic":
         factor = dynamic_factor
     spec: dict[str, object] = {"rope_type": kind, "factor": float(factor)}
     if kind in ("dynamic", "yarn"):
         spec["original_max_position_embeddings"] = original
+    if kind == "yarn" and not hf_defaults:
+        spec["beta_fast"], spec["beta_slow"] = yarn_betas(original)
     return spec
 
 
@@ -91,19 +148,36 @@ def variants(name: str, config: LabConfig) -> list[Variant]:
     out = []
     if is_rotary(name):
         for kind in config.scalings:
-            out.append(
-                Variant(
-                    f"{name} +{kind}",
-                    "scaling",
-                    lambda f, kind=kind: {
-                        "scaling": scaling_spec(
-                            kind, f, config.train_len, dynamic_factor=config.dynamic_factor
-                        )
-                    },
-                )
-            )
+            out.append(_scaled(name, kind, config))
+            if kind == "yarn":
+                out.append(_scaled(name, kind, config, hf_defaults=True))
+            if kind == "dynamic" and info(name).cls is RotaryEmbedding:
+                out.append(_decoded(name, config))
     if config.learned_beyond == "interpolate" and _accepts(name, "beyond"):
         out.append(
             Variant(f"{name} +interpolate", "interpolate", lambda f: {"beyond": "interpolate"})
         )
     return out
+
+
+def _decoded(name: str, config: LabConfig) -> Variant:
+    """Dynamic NTK scored as decoded through a KV cache (``posenc.lab.decoded``)."""
+    base = build_encoding(name, config).base
+
+    def make(factor: float) -> PositionalEncoding:
+        return DecodedDynamicNTK(
+            config.head_dim, factor=config.dynamic_factor, original=config.train_len, base=base
+        )
+
+    whole = _scaled(name, "dynamic", config)
+    return Variant(f"{whole.label} +decoded", "scaling", whole.options, make=make, tunable=False)
+
+
+def _scaled(name: str, kind: str, config: LabConfig, *, hf_defaults: bool = False) -> Variant:
+    def options(factor: float) -> dict[str, object]:
+        spec = scaling_spec(kind, factor, config.train_len, dynamic_factor=config.dynamic_factor,
+                            hf_defaults=hf_defaults)  # fmt: skip
+        return {"scaling": spec}
+
+    label = f"{name} +{kind}" + (" +hf" if hf_defaults else "")
+    return Variant(label, "scaling", options, tunable=not hf_defaults)
