@@ -149,13 +149,13 @@ def test_task_sweep_reports_accuracy(tmp_path, monkeypatch):
     assert "not learned" in (tmp_path / "short" / "report.md").read_text()
     assert not (tmp_path / "short" / "accuracy.png").exists()
     monkeypatch.setattr(posenc.lab.runs, "LEARNED", 0.0)  # count it as learned
-    assert lab(tmp_path, *options) == 0
-    res = results(tmp_path)
+    assert lab(tmp_path / "learned", *options) == 0
+    res = results(tmp_path / "learned")
     assert res["metric"] == "accuracy" and res["config"]["eval_lens"] == [16, 32, 48, 64]
     for value in res["runs"][0]["rows"][0]["results"].values():
         assert 0.0 <= value["accuracy"] <= 1.0 and value["examples"] == 8
         assert 0.0 <= value["token_accuracy"] <= 1.0
-    assert (tmp_path / "accuracy.png").exists()
+    assert (tmp_path / "learned" / "accuracy.png").exists()
 
 
 @pytest.mark.parametrize(
