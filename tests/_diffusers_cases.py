@@ -37,6 +37,9 @@ from diffusers.models.transformers import (
     transformer_hunyuan_video,
     transformer_hunyuan_video15,
     transformer_hunyuanimage,
+    transformer_kandinsky,
+    transformer_kandinsky6,
+    transformer_kandinsky6_sr,
     transformer_krea2,
     transformer_longcat_image,
     transformer_lumina2,
@@ -181,6 +184,20 @@ def _z_image(config, grid):
     )
     start = (config["caption_length"] + 1, 0, 0)
     return "complex", module(grid_positions(*grid, start=start))
+
+
+def _kandinsky(module_cls):
+    def reference(config, grid):
+        f, h, w = grid
+        module = module_cls(list(config["axes_dims"]))
+        pos, scale = tuple(torch.arange(n) for n in grid), config["scale_factor"]
+        if module_cls is transformer_kandinsky.Kandinsky5RoPE3D:
+            matrices = module((1, f, h, w), pos, scale)
+        else:
+            matrices = module(pos, scale)
+        return "matrix", matrices.reshape(f * h * w, -1, 2, 2)
+
+    return reference
 
 
 def _cogvideox_rope(config, grid, crop_region=cogvideox_crop):
@@ -379,6 +396,19 @@ ROPE_CASES = [
         {"dim": 32, "n_heads": 2, "axes_dims": (4, 6, 6), "rope_theta": 256.0,
          "caption_length": 32},
         (2, 3, 4), _z_image,
+    ),
+    Case(
+        "Kandinsky5Transformer3DModel", {"axes_dims": (4, 6, 6), "scale_factor": (1.0, 2.0, 2.0)},
+        (2, 3, 4), _kandinsky(transformer_kandinsky.Kandinsky5RoPE3D),
+    ),
+    Case(
+        "Kandinsky6Transformer3DModel", {"axes_dims": (4, 6, 6), "scale_factor": (1.0, 1.0, 1.0)},
+        (3, 2, 3), _kandinsky(transformer_kandinsky6.Kandinsky6RoPE3D),
+    ),
+    Case(
+        "Kandinsky6SRTransformer3DModel",
+        {"axes_dims": (4, 6, 6), "scale_factor": (2.0, 1.5, 1.5)},
+        (2, 4, 3), _kandinsky(transformer_kandinsky6_sr.Kandinsky6SRRoPE3D),
     ),
     Case(
         "CogVideoXTransformer3DModel",

@@ -9,6 +9,9 @@ RoPE here rotates one block of features per axis ``(t, y, x)``, adjacent pairs:
 * HunyuanVideo (Kong et al. 2024, sec. 3.2): ``rope_axes_dim`` (16, 56, 56), theta 256
   (HunyuanImage: the same on two axes); Helios: ``rope_dim`` / ``rope_theta`` at the frame
   indices of the current and history latents (here ``0..F-1``);
+* Kandinsky 5 and 6: ``axes_dims`` (``D`` their sum), theta 10000, as 2x2 matrices, at
+  the grid divided by the pipeline's per-axis ``scale_factor``; the video tokens only (the
+  1-D text and audio RoPE beside them are plain ``RotaryEmbedding``);
 * CogVideoX (Yang et al. 2024, sec. 2.2, 3-D RoPE): blocks ``(D/4, 3D/8, 3D/8)``, theta
   10000, at the fractional coordinates of the video's crop in the ``sample_height x
   sample_width`` canvas (CogVideoX 1.5, with ``patch_size_t``: the integer grid);
@@ -60,6 +63,20 @@ def _hunyuan_positions(config: Config, frames: int, height: int, width: int) -> 
 
 def _helios(config: Config) -> AxialRope:
     return axes_rope(head_dim(config), need(config, "rope_dim"), need(config, "rope_theta"))
+
+
+def _kandinsky(config: Config) -> AxialRope:
+    dims = need(config, "axes_dims")
+    return axes_rope(sum(int(d) for d in dims), dims, 10000.0)
+
+
+def _kandinsky_positions(config: Config, frames: int, height: int, width: int) -> Tensor:
+    """The grid divided by the pipeline's ``scale_factor`` per axis (a key of the call,
+    default ``(1, 1, 1)``)."""
+    scale = torch.tensor(config.get("scale_factor", (1.0, 1.0, 1.0)), dtype=torch.float64)
+    if scale.shape != (3,) or not bool((scale > 0).all()):
+        raise ValueError(f"scale_factor must be three numbers > 0, got {scale.tolist()}")
+    return grid_positions(frames, height, width).double() / scale
 
 
 def _cogvideox_dims(width: int) -> tuple[int, int, int]:
@@ -116,6 +133,11 @@ VIDEO_FAMILIES: tuple[Family, ...] = (
         "HunyuanVideoTransformer3DModel HunyuanVideo15Transformer3DModel "
         "MotifVideoTransformer3DModel HunyuanImageTransformer2DModel",
         _hunyuan, _hunyuan_positions, "HunyuanVideoRotaryPosEmbed and its copies",
+    ),
+    row(
+        "Kandinsky 3-D RoPE",
+        "Kandinsky5Transformer3DModel Kandinsky6Transformer3DModel Kandinsky6SRTransformer3DModel",
+        _kandinsky, _kandinsky_positions, "Kandinsky5RoPE3D, Kandinsky6RoPE3D (2x2 matrices)",
     ),
     row("Helios 3-D RoPE", "HeliosTransformer3DModel", _helios, _video, "HeliosRotaryPosEmbed"),
     row(
