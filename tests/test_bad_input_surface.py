@@ -42,8 +42,26 @@ POS = torch.arange(T)
 INV_FREQ = posenc.rope_inv_freq(D)[0].double()
 COS, SIN = posenc.rope_cos_sin(POS, INV_FREQ)
 
+
 #: A valid value for each required argument name of the public callables.
+class Fresh:
+    """An argument built anew for each call (one the call changes, such as a model)."""
+
+    def __init__(self, make) -> None:
+        self.make = make
+
+
+def _tiny_llama():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        vocab_size=32, hidden_size=16, intermediate_size=16, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1,
+    )  # fmt: skip
+    return transformers.LlamaForCausalLM(config)
+
+
 ARGUMENTS: dict[str, object] = {
+    "model": Fresh(_tiny_llama),
     "num_heads": H,
     "head_dim": D,
     "d_model": C,
@@ -113,7 +131,8 @@ def _call(name: str, **override: object) -> object:
         required = p.default is inspect.Parameter.empty and p.name != "self"
         if required and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name not in override:
             assert p.name in ARGUMENTS, f"add a valid {p.name!r} for {name} to ARGUMENTS"
-            kwargs[p.name] = ARGUMENTS[p.name]
+            value = ARGUMENTS[p.name]
+            kwargs[p.name] = value.make() if isinstance(value, Fresh) else value
     return obj(**kwargs, **override)
 
 

@@ -132,7 +132,7 @@ def test_smollm3_no_rope_layers_from_the_interval():
     config = {
         "model_type": "smollm3",
         "num_hidden_layers": 8,
-        "no_rope_layers": [],
+        "no_rope_layers": None,  # transformers derives them from the interval
         "no_rope_layer_interval": 4,
         "head_dim": 64,
     }

@@ -137,9 +137,15 @@ def test_towers_that_are_not_text_are_refused(model_type, tower, match):
         build_position_module(model_type, cfg, tower=tower)
 
 
-def test_a_composite_without_its_text_config_is_refused():
+def test_a_composite_without_its_text_config_reads_as_transformers_does(monkeypatch):
+    """transformers' AlignConfig gives a config.json without text_config its default text
+    model, and so does posenc; read as written (no config class), it is refused."""
+    raw = {"model_type": "align", "vision_config": {}}
+    ours, theirs = from_hf_config(raw), from_hf_config(transformers.AlignConfig())
+    assert type(ours) is type(theirs) and repr(ours) == repr(theirs)  # a learned table
+    monkeypatch.setattr(posenc.hf.normalize, "config_class", lambda model_type: None)
     with pytest.raises(ValueError, match="no text_config"):
-        from_hf_config({"model_type": "align", "vision_config": {}})
+        from_hf_config(raw)
     with pytest.raises(ValueError, match="no qformer_config"):
         build_position_module("blip-2", {"model_type": "blip-2"}, tower="qformer_config")
 

@@ -31,6 +31,7 @@ from typing import Any
 from posenc._checks import check_bool, check_int
 from posenc.encodings.rotary.module import RotaryEmbedding
 from posenc.encodings.rotary.scaling import DEFAULT_BASE, RopeScaling, resolve_scaling
+from posenc.hf import normalize
 from posenc.hf.families import FAMILIES, Family, check_position_fields, family
 
 __all__ = [
@@ -82,12 +83,27 @@ class HFRopeConfig:
 
 
 def as_config_dict(config: object) -> dict[str, Any]:
-    """``config`` (a ``config.json`` dict or a ``PretrainedConfig``) as a plain dict."""
+    """``config`` (a ``config.json`` dict or a ``PretrainedConfig``) as a plain dict, read as
+    transformers reads it.
+
+    A dict with a ``model_type`` that the installed transformers knows goes through that
+    family's config class first (``posenc.hf.normalize``): the class's defaults for every
+    field the file leaves out, legacy fields migrated (``rope_scaling`` -> ``rope_parameters``,
+    ``sliding_window_pattern`` -> ``layer_types``, per-layer-type parameters), so a raw
+    ``config.json`` and the ``PretrainedConfig`` built from it read alike. Without
+    transformers (or for a family it does not know) the dict is read as written. The
+    class's ``attribute_map`` names (GPT-J's ``n_layer`` as ``num_hidden_layers``) are
+    added beside the family's own.
+
+    Raises:
+        ValueError: transformers' config class refuses the dict (its message quoted).
+        TypeError: ``config`` of another type.
+    """
     if isinstance(config, Mapping):
-        return dict(config)
+        return normalize.through_config_class(config)
     to_dict = getattr(config, "to_dict", None)
     if callable(to_dict):
-        return dict(to_dict())
+        return normalize.with_attribute_map(dict(to_dict()), type(config))
     raise TypeError(
         f"config must be a dict (config.json) or a transformers PretrainedConfig, "
         f"got {type(config).__name__}"

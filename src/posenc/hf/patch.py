@@ -390,11 +390,11 @@ def patch(
     """
     if not isinstance(model, nn.Module) or not hasattr(model, "config"):
         raise TypeError(f"model must be a transformers model, got {type(model).__name__}")
-    _refuse_nested(model)
+    check_bool("verify", verify)
     policy = "monotone" if length_policy is None else length_policy
     if policy not in LENGTH_POLICIES:
         raise ValueError(f"length_policy must be one of {LENGTH_POLICIES}, got {length_policy!r}")
-    check_bool("verify", verify)
+    _refuse_nested(model)
     config = as_config_dict(_text_config(model))
     encodings, model_type, cfg = patch_encodings(config, scaling=scaling, length_policy=policy)
     own, _, _ = patch_encodings(config, length_policy=policy) if scaling else (encodings, 0, 0)

@@ -1,0 +1,83 @@
+"""A raw ``config.json`` read through its family's transformers config class.
+
+A released ``config.json`` holds only what differs from its config class's defaults (what
+``save_pretrained`` writes), and often the legacy form of the position fields: Gemma 3 27B's
+file leaves ``rope_theta``, ``rope_local_base_freq`` and the sliding/full layer pattern to
+``Gemma3TextConfig``; OLMo 3's gives one flat YaRN ``rope_scaling`` that the class applies to
+the full-attention layers only. Reading such a dict as written gives another model than the
+one transformers builds, so ``through_config_class`` builds the config class from it (when
+transformers is installed and knows the ``model_type``) and returns the class's ``to_dict()``.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["config_class", "through_config_class", "with_attribute_map"]
+
+
+@functools.cache
+def _mapping() -> Any:
+    try:
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    except ImportError:
+        return None
+    return CONFIG_MAPPING
+
+
+def config_class(model_type: object) -> type | None:
+    """transformers' config class of ``model_type``, or None (transformers missing, or it
+    does not know the family)."""
+    mapping = _mapping()
+    if mapping is None or not isinstance(model_type, str) or model_type not in mapping:
+        return None
+    return mapping[model_type]
+
+
+def with_attribute_map(cfg: dict[str, Any], cls: type) -> dict[str, Any]:
+    """``cfg`` with the class's standard names (``attribute_map``) beside the family's own,
+    where the standard one is absent."""
+    for standard, own in getattr(cls, "attribute_map", {}).items():
+        if standard not in cfg and own in cfg:
+            cfg[standard] = cfg[own]
+    return cfg
+
+
+@functools.lru_cache(maxsize=256)
+def _normalized(text: str) -> str:
+    raw = json.loads(text)
+    cls = config_class(raw["model_type"])
+    quiet = logging.getLogger("transformers")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        config = cls.from_dict(raw)
+    except Exception as exc:  # transformers' own validation: any error type
+        raise ValueError(
+            f"config of model_type {raw['model_type']!r} is refused by transformers' "
+            f"{cls.__name__}: {type(exc).__name__}: {str(exc)[:300]}"
+        ) from exc
+    finally:
+        quiet.setLevel(level)
+    return json.dumps(with_attribute_map(config.to_dict(), cls))
+
+
+def through_config_class(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``config`` as its family's transformers config class reads it (module docstring), or
+    a copy of it as written when there is no such class.
+
+    Raises:
+        ValueError: the config class refuses ``config``.
+    """
+    if config_class(config.get("model_type")) is None:
+        return dict(config)
+    try:
+        text = json.dumps(config, sort_keys=True)
+    except (TypeError, ValueError):  # not a config.json: values JSON cannot hold
+        return dict(config)
+    return copy.deepcopy(json.loads(_normalized(text)))
