@@ -131,7 +131,7 @@ def test_warm_memory_touches_whole_blocks():
 @pytest.mark.parametrize(
     "argv,message",
     [
-        (["--only", "nothing"], "--only: takes rope, additive, bias"),
+        (["--only", "nothing"], "--only: unknown suite 'nothing'; known: rope, additive"),
         (["--threads", "0"], "--threads: must be at least 1, got 0"),
         (["--repeats", "-1"], "--repeats: must be at least 1, got -1"),
         (["--load", "-2"], "--load: must be at least 0, got -2"),

@@ -123,8 +123,8 @@ def test_every_encoding_has_a_tour(capsys, name):
         (["nosuch"], "unknown encoding 'nosuch'"),
         (["sinusoidal", "--dim", "7"], "dim must be even, got 7"),
         (["sinusoidal", "--dim", "2"], "dim must be >= 4, got 2"),
-        (["rope", "--len", "5"], "length must be >= 12, got 5"),
-        (["alibi", "--heads", "0"], "num_heads must be >= 1, got 0"),
+        (["rope", "--len", "5"], "--len must be >= 12, got 5"),
+        (["alibi", "--heads", "0"], "--heads must be >= 1, got 0"),
         (["sinusoidal", "--dim", "x"], "invalid int value"),
     ],
 )

@@ -132,7 +132,7 @@ def test_a_finished_task_run_resumes_and_another_cap_is_another_sweep(capped, ca
     assert (out / "runs" / "rope-s0.json").read_text() == before
     assert lab(out, "--max-steps", "300") == 2
     err = capsys.readouterr().err.strip()
-    assert "differs in max_steps" in err and len(err.splitlines()) == 1
+    assert "differs in --max-steps" in err and len(err.splitlines()) == 1
 
 
 def test_an_interrupted_task_run_resumes_from_its_last_round_bit_for_bit(
@@ -184,7 +184,7 @@ def test_text_trains_for_exactly_its_steps(tmp_path):
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        (["--max-steps", "59"], "max_steps must be >= 60, got 59"),
+        (["--max-steps", "59"], "--max-steps must be >= 60, got 59"),
         (["--max-steps", "many"], "invalid int value: 'many'"),
         (["--max-steps", "1.5e3"], "invalid int value: '1.5e3'"),
     ],
@@ -197,7 +197,7 @@ def test_bad_max_steps_is_one_line_and_exit_2(tmp_path, capsys, options, message
 
 def test_max_steps_with_text_is_refused(tmp_path, capsys):
     assert cli.main(["lab", "--max-steps", "600", "--out", str(tmp_path)]) == 2
-    message = "max_steps applies to synthetic tasks only"
+    message = "--max-steps applies to synthetic tasks only"
     err = capsys.readouterr().err.strip()
     assert err.startswith("posenc: error:") and message in err and len(err.splitlines()) == 1
 

@@ -309,8 +309,8 @@ def test_show_one_figure_and_errors(tmp_path, capsys):
         (["show", "sinusoidal", "--all"], "either WHAT"),
         (["show"], "name a figure"),
         (["show", "learned", "--table", str(tmp_path / "no.pt")], "no.pt"),
-        (["show", "sinusoidal", "--dim", "7"], "d_model must be even, got 7"),
-        (["show", "rope-decay", "--dpi", "0"], "dpi must be >= 1"),
+        (["show", "sinusoidal", "--dim", "7"], "--dim must be even, got 7"),
+        (["show", "rope-decay", "--dpi", "0"], "--dpi must be 1 to 600, got 0"),
     ]
     for argv, message in bad:
         assert main(argv) == 2, argv

@@ -13,6 +13,7 @@ import argparse
 import difflib
 import errno
 import importlib
+import re
 import sys
 from collections.abc import Iterable, Sequence
 
@@ -24,6 +25,9 @@ COMMANDS = ("list", "show", "explain", "lab", "bench", "extend")
 
 #: The prefix of every error line the command line prints.
 PREFIX = "posenc: error: "
+
+#: The longest error line (prefix included) that lists the known names in full.
+LINE_LIMIT = 100
 
 #: What a file-system ``errno`` means to a user (anything else: ``os.strerror``).
 _OS_REASONS = {
@@ -81,26 +85,51 @@ def suggest(name: str, choices: Iterable[str]) -> str:
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
-def resolve_name(name: str, choices: Sequence[str], *, what: str) -> str:
+def resolve_name(
+    name: str, choices: Sequence[str], *, what: str, listed_by: str = "posenc list"
+) -> str:
     """``name`` as spelled in ``choices``: exact, else case-insensitive when unambiguous.
 
     Args:
         name: what the user typed (``"ALiBi"``).
         choices: the known names.
         what: the kind of name, for the message (``"encoding"``).
+        listed_by: the command that lists the known names, named when they do not fit
+            on the error line.
 
     Raises:
-        UsageError: no (unambiguous) match; the message names ``name`` and suggests the
-            closest known name.
+        UsageError: no (unambiguous) match; the message names ``name``, suggests the
+            closest known name and lists the known ones where the line stays under
+            ``LINE_LIMIT`` characters.
     """
     if name in choices:
         return name
     folded = [c for c in choices if c.lower() == name.lower()]
     if len(folded) == 1:
         return folded[0]
-    raise UsageError(
-        f"unknown {what} {name!r}{suggest(name, choices)} (known: {', '.join(choices)})"
-    )
+    message = f"unknown {what} {name!r}{suggest(name, choices)}"
+    known = f"{message} (known: {', '.join(choices)})"
+    if len(PREFIX) + len(known) < LINE_LIMIT:
+        raise UsageError(known)
+    raise UsageError(f"{message} (`{listed_by}` shows them)")
+
+
+def unknown_option(command: str, option: str, known: Iterable[str]) -> str:
+    """The error for an option ``command`` does not take, with the closest known flag."""
+    flags = [f for f in known if f.startswith("--")]
+    close = difflib.get_close_matches(option.split("=")[0], flags, n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]!r}?" if close else f"; see `posenc help {command}`"
+    return f"{command}: unknown option {option!r}{hint}"
+
+
+def name_flags(message: str, flags: dict[str, str]) -> str:
+    """``message`` with the parameter names of ``flags`` (``train_len``) replaced by
+    their flags (``--train-len``); ``name=value`` becomes ``--flag value``. Quoted names
+    (``'max_steps'``, a sweep file's key) are left as they are."""
+    for name, flag in flags.items():
+        message = re.sub(rf"(?<![\w'-]){re.escape(name)}=(?=\S)", f"{flag} ", message)
+        message = re.sub(rf"(?<![\w'-]){re.escape(name)}(?![\w'-])", flag, message)
+    return message
 
 
 def error_line(exc: BaseException) -> str:
@@ -161,21 +190,37 @@ def _help(parser: argparse.ArgumentParser, topics: list[str]) -> int:
     return 0
 
 
+def _refuse_extra(parser: argparse.ArgumentParser, command: str, extra: list[str]) -> None:
+    """Raise the error for arguments ``command`` does not take (options: did-you-mean)."""
+    option = next((a for a in extra if a.startswith("-")), None)
+    if option is None:
+        raise UsageError(f"{command}: unrecognized arguments: {' '.join(extra)}")
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    raise UsageError(unknown_option(command, option, sub.choices[command]._option_string_actions))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``posenc`` console script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    args = None
     try:
         parser = build_parser()
         argv = _command_name(argv)
         if not argv or argv[0] == "help":
             return _help(parser, argv[1:])
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:
+            _refuse_extra(parser, args.command, extra)
         status = args.func(args)
     except UsageError as exc:
         print(PREFIX + str(exc), file=sys.stderr)
         return 2
     except (ValueError, TypeError, OSError) as exc:
-        print(error_line(exc), file=sys.stderr)
+        line = error_line(exc)
+        if args is not None:
+            module = importlib.import_module(f"posenc.commands.{args.command}")
+            line = name_flags(line, getattr(module, "FLAGS", {}))
+        print(line, file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("posenc: interrupted", file=sys.stderr)

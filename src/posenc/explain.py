@@ -30,6 +30,16 @@ __all__ = ["explain", "word_vectors"]
 _BARS = "▁▂▃▄▅▆▇█"
 OFFSETS = (1, 2, 3, 5, 10)
 
+#: The largest tour: its tables and analyses grow with positions x dims (x heads).
+MAX_LENGTH, MAX_DIM, MAX_HEADS = 4096, 1024, 16
+
+#: Rows and columns of the Unicode heatmap (a terminal shows no more).
+HEATMAP_ROWS, HEATMAP_COLUMNS = 64, 64
+
+#: First positions n of the rotated dot-product table; the last is past Llama 4's 8192,
+#: where a position temperature starts to scale the queries.
+STARTS = (0, 10, 100, 10_000)
+
 
 def word_vectors(dim: int, count: int = 2, *, seed: int = 0) -> np.ndarray:
     """``count`` stand-in word embeddings ``[count, dim]``, uniform in [0, 1) (seeded)."""
@@ -54,13 +64,21 @@ def explain(
         console: where to print (default: a new ``rich`` console on stdout).
 
     Raises:
-        ValueError: unknown ``name``; ``dim`` odd or < 4, ``length`` < 12.
+        ValueError: unknown ``name``; ``dim`` odd or outside 4..``MAX_DIM``, ``length``
+            outside 12..``MAX_LENGTH``, ``num_heads`` outside 1..``MAX_HEADS``.
     """
     entry = info(name)
     dim, length = check_int("dim", dim, minimum=4), check_int("length", length, minimum=12)
     if dim % 2:
         raise ValueError(f"dim must be even, got {dim}")
     num_heads = check_int("num_heads", num_heads)
+    for label, value, limit in (
+        ("dim", dim, MAX_DIM),
+        ("length", length, MAX_LENGTH),
+        ("num_heads", num_heads, MAX_HEADS),
+    ):
+        if value > limit:
+            raise ValueError(f"{label} must be <= {limit}, got {value}")
     out = console or Console()
     sites = " + ".join(entry.sites.names()) or "none"
     body = Text.assemble(entry.description, "\n", (f"{entry.paper}\nacts at: {sites}", "dim"))
@@ -126,7 +144,9 @@ def _matrix(values: np.ndarray, *, spec: str = ".2f", row: str = "") -> Table:
 
 
 def _heatmap(values: np.ndarray) -> Text:
-    """One glyph per value, ``▁`` (most negative) to ``█`` (most positive), coloured."""
+    """One glyph per value, ``▁`` (most negative) to ``█`` (most positive), coloured;
+    at most ``HEATMAP_ROWS`` x ``HEATMAP_COLUMNS`` of them (the first)."""
+    values = values[:HEATMAP_ROWS, :HEATMAP_COLUMNS]
     scale = float(np.abs(values).max()) or 1.0
     text = Text()
     for i, line in enumerate(values):
@@ -148,7 +168,11 @@ def _absolute_tour(out: Console, enc: PositionalEncoding, dim: int, length: int)
     shown = min(8, dim)
     title = f"Encoding values (first 10 positions x {shown} dims)"
     _titled(out, title, _matrix(pe[:10, :shown], spec=".3f", row="pos"))
-    _say(out, Text(f"\nHeatmap ({length} positions x {dim} dims)", style="bold"))
+    rows, cols = min(length, HEATMAP_ROWS), min(dim, HEATMAP_COLUMNS)
+    shape = f"{rows} positions x {cols} dims" + (
+        f" (the first of {length} x {dim})" if (rows, cols) != (length, dim) else ""
+    )
+    _say(out, Text(f"\nHeatmap ({shape})", style="bold"))
     _say(out, _heatmap(pe))
     stats = analysis.encoding_statistics(pe)
     _say(
@@ -226,21 +250,27 @@ def _rotary_tour(out: Console, enc: PositionalEncoding, dim: int, length: int) -
     gen = torch.Generator().manual_seed(0)
     q, k = torch.randn(2, 1, 1, 1, dim, generator=gen, dtype=torch.float64)
     offsets = [r for r in (0, 1, 2, 3, 5, 8, 13, 21, 34, 55, 89) if r < length]
-    starts = (0, 10, 100)
-    table = _table(["m - n", *(f"n = {n}" for n in starts), "same x: x_m.x_n / |x|^2"])
-    for r in offsets:
-        row = [_rotated_scores(enc, q, k, [n + r], [n])[0] for n in starts]
+    table = _table(["m - n", *(f"n = {n}" for n in STARTS), "same x: x_m.x_n / |x|^2"])
+    scores = np.array(
+        [[_rotated_scores(enc, q, k, [n + r], [n])[0] for n in STARTS] for r in offsets]
+    )  # [offsets, starts]
+    for r, row in zip(offsets, scores, strict=True):
         same = _rotated_scores(enc, q, q, [r], [0])[0] / float((q * q).sum())
         table.add_row(str(r), *(_num(v, ".4f") for v in row), _num(same, ".4f"))
     title = "Rotated dot product q_m . k_n against the offset m - n (random q, k; seed 0)"
     _titled(out, title, table)
-    spread = max(
-        np.ptp([_rotated_scores(enc, q, k, [n + r], [n])[0] for n in starts]) for r in offsets
+    spread = float(np.ptp(scores, axis=1).max())
+    # float64 rounding of angles up to ~1e4 rad: far below any change the eye can see
+    relative = bool(spread <= 1e-9 * max(float(np.abs(scores).max()), 1.0))
+    verdict = (
+        "only m - n matters."
+        if relative
+        else "the scores depend on the positions themselves, not only on m - n."
     )
     _say(
         out,
         f"Across the columns (the same offset at different positions) the scores differ "
-        f"by at most {spread:.2e}: only m - n matters.",
+        f"by at most {spread:.2e}: {verdict}",
     )
     _say(out, f"Without rotation q . k = {float((q * k).sum()):.4f} at every offset.")
     a, b = torch.randn(2, 1, 1, 1, dim, generator=gen, dtype=torch.float64)
@@ -258,17 +288,22 @@ def _rotary_tour(out: Console, enc: PositionalEncoding, dim: int, length: int) -
 def _bias_tour(
     out: Console, enc: PositionalEncoding, dim: int, length: int, heads: int, *, name: str
 ) -> None:
+    # only the rows shown: the first 8 queries x keys, and the last query x every key
     gen = torch.Generator().manual_seed(0)
     q, k = torch.randn(2, 1, heads, length, dim, generator=gen)
-    pos = torch.arange(length)
+    pos, last, corner = torch.arange(length), length - 1, min(8, length)
     with torch.no_grad():
-        bias = enc.score_bias(q, k, pos, pos)
-        other = enc.score_bias(torch.randn_like(q), torch.randn_like(k), pos, pos)
-    if bias is None:
+        top = enc.score_bias(q[:, :, :corner], k[:, :, :corner], pos[:corner], pos[:corner])
+        row = enc.score_bias(q[:, :, last:], k, pos[last:], pos)
+        other = enc.score_bias(
+            torch.randn_like(q[:, :, last:]), torch.randn_like(k), pos[last:], pos
+        )
+    if top is None or row is None:
         _say(out, "This encoding adds no bias to the scores.\n")
         return
-    bias = bias.expand(1, heads, length, length)[0].double().numpy()  # [H, L, L]
-    if not np.any(bias):
+    top = top.expand(1, heads, corner, corner)[0].double().numpy()  # [H, 8, 8]
+    row = row.expand(1, heads, 1, length)[0, :, 0].double().numpy()  # [H, L]
+    if not (np.any(top) or np.any(row)):
         _say(
             out,
             "Untrained, this bias is exactly zero for every head and distance: its learned "
@@ -276,23 +311,23 @@ def _bias_tour(
             f"(`posenc lab --encodings {name}` trains one).\n",
         )
         return
-    content = other is not None and not np.allclose(bias, other[0].double().numpy())
+    other_row = other.expand(1, heads, 1, length)[0, :, 0].double().numpy()
+    content = other is not None and not np.allclose(row, other_row)
     if content:
         _say(out, "The bias depends on the content: shown for random q, k (seed 0).")
     causal = getattr(enc, "causal", True)
-    future = np.triu(np.ones((length, length), dtype=bool), 1)
+    future = np.triu(np.ones((corner, corner), dtype=bool), 1)
     for h in sorted({0, heads - 1}):
-        shown = np.where(future & causal, np.nan, bias[h])[:8, :8]
+        shown = np.where(future & causal, np.nan, top[h])
         title = f"Bias of head {h} (query row, key column; · = masked)"
         _titled(out, title, _matrix(shown, row="q\\k"))
-    last = length - 1
     dists = [d for d in (0, 1, 2, 4, 8, 16, 32) if d <= last]
     table = _table(["head", *(f"d={d}" for d in dists)])
-    visible = bias[:, last, :] if not causal else bias[:, last, : last + 1]
+    visible = row  # the last query sees every key, causal or not
     probs = np.exp(visible - visible.max(-1, keepdims=True))
     probs /= probs.sum(-1, keepdims=True)
     for h in range(heads):
-        table.add_row(f"{h} bias", *(_num(bias[h, last, last - d], ".3f") for d in dists))
+        table.add_row(f"{h} bias", *(_num(row[h, last - d], ".3f") for d in dists))
         table.add_row(f"{h} attn", *(f"{probs[h, last - d]:.1%}" for d in dists), style="cyan")
     title = f"Last query ({last}): bias at distance d, and the attention the bias alone gives"
     _titled(out, title, table)

@@ -19,16 +19,20 @@ from rich.console import Console
 from posenc.bench import SUITES, run_benchmarks
 from posenc.bench.bias_attention import COLUMNS as BIAS_ATTENTION_COLUMNS
 from posenc.bench.report import print_groups, print_memory, print_targets, rows_table
-from posenc.cli import UsageError
+from posenc.cli import UsageError, suggest
 from posenc.encodings.rotary import cpu_kernel
+
+#: Printed first under ``--quick``: its shapes and repeats are too small for the ratios.
+QUICK_NOTE = "--quick: a smoke test (tiny shapes, 2 repeats); its ratios are not meaningful"
 
 
 def _suites(text: str) -> list[str]:
     names = [s.strip() for s in text.split(",") if s.strip()]
     unknown = [s for s in names if s not in SUITES]
     if not names or unknown:
+        hint = suggest(unknown[0], SUITES) if unknown else ""
         raise argparse.ArgumentTypeError(
-            f"takes {', '.join(SUITES)} (comma-separated), got {text!r}"
+            f"unknown suite {(unknown or [text])[0]!r}" + (hint or f"; known: {', '.join(SUITES)}")
         )
     return names
 
@@ -121,6 +125,8 @@ def run(args: argparse.Namespace) -> int:
         load=args.load,
     )
     console = Console()
+    if args.quick:
+        console.print(QUICK_NOTE, highlight=False)
     machine = results.machine
     console.print(
         f"{machine['cpu_model']}, {machine['cpu_cores']} cores; torch {machine['torch']}, "

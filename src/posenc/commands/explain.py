@@ -8,6 +8,9 @@ from posenc.base import available
 from posenc.cli import resolve_name
 from posenc.explain import explain
 
+#: The flag of each parameter of ``explain`` that the error messages name.
+FLAGS = {"dim": "--dim", "length": "--len", "num_heads": "--heads"}
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("explain", help="a terminal tour of one encoding's numbers")

@@ -16,6 +16,27 @@ from pathlib import Path
 
 from posenc.cli import PREFIX, UsageError
 
+#: The flag of each setting whose name differs from it, for error messages: the lab's
+#: checks name the settings (``train_len``), the user typed the flags (``--train-len``).
+FLAGS = {
+    "train_len": "--train-len",
+    "eval_lens": "--eval-lens",
+    "max_steps": "--max-steps",
+    "batch_size": "--batch-size",
+    "d_model": "--d-model",
+    "num_layers": "--layers",
+    "num_heads": "--heads",
+    "eval_tokens": "--eval-tokens",
+    "eval_examples": "--eval-examples",
+    "eval_stride": "--eval-stride",
+    "finetune_steps": "--finetune-steps",
+    "finetune_len": "--finetune-len",
+    "finetune_scalings": "--finetune-scalings",
+    "dynamic_factor": "--dynamic-factor",
+    "t5_max_distance": "--t5-max-distance",
+    "learned_beyond": "--learned-beyond",
+}
+
 #: Default evaluation lengths as multiples of the training length.
 _LM_MULTIPLES = (1, 2, 4, 8, 16)
 _QUICK_MULTIPLES = (1, 2, 4)
@@ -208,7 +229,12 @@ def config_from_args(args: argparse.Namespace):
             "t5_max_distance")  # fmt: skip
     values.update({key: getattr(args, key) for key in keys if getattr(args, key) is not None})
     if args.encodings:
-        values["encodings"] = resolve_encodings(list(_names(args.encodings)))
+        from posenc.base import available
+        from posenc.cli import resolve_name
+
+        known = [*available(), "all"]
+        names = [resolve_name(n, known, what="encoding") for n in _names(args.encodings)]
+        values["encodings"] = resolve_encodings(names)
     for key in ("scalings", "finetune_scalings"):
         if getattr(args, key) is not None:
             values[key] = _names(getattr(args, key))

@@ -64,12 +64,15 @@ def save_figure(fig: Figure, path: str | Path, *, dpi: int = 100) -> Path:
 
     Raises:
         ValueError: an unsupported suffix or a non-positive ``dpi``.
-        OSError: the folder cannot be created or written (the error names the path).
+        OSError: the folder does not exist (it is not created: a missing folder is
+            more often a typo than a wish) or cannot be written (the error names the path).
     """
     import matplotlib
 
     path = figure_path(path)
     dpi = check_int("dpi", dpi)
+    if not path.parent.is_dir():
+        raise FileNotFoundError(errno.ENOENT, "no such folder", str(path.parent))
     buffer = io.BytesIO()
     if path.suffix.lower() == ".svg":
         with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "posenc"}):
@@ -81,7 +84,6 @@ def save_figure(fig: Figure, path: str | Path, *, dpi: int = 100) -> Path:
         rgb = Image.open(buffer).convert("RGB")
         buffer = io.BytesIO()
         rgb.save(buffer, format="png", optimize=True)
-    path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, buffer.getvalue())
     return path
 

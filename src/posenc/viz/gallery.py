@@ -24,7 +24,14 @@ from posenc.viz._common import save_figure
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["GALLERY", "FigureOptions", "GalleryItem", "make_figure", "write_gallery"]
+__all__ = [
+    "GALLERY",
+    "FigureOptions",
+    "GalleryItem",
+    "figure_options",
+    "make_figure",
+    "write_gallery",
+]
 
 
 @dataclass(frozen=True)
@@ -55,12 +62,14 @@ class FigureOptions:
 
 @dataclass(frozen=True)
 class GalleryItem:
-    """One figure of the gallery: its ``posenc show`` name, file name and maker."""
+    """One figure of the gallery: its ``posenc show`` name, file name and maker, and the
+    ``FigureOptions`` fields it reads (the others do not change it)."""
 
     name: str
     filename: str
     caption: str
     make: Callable[[FigureOptions], Figure]
+    options: frozenset[str] = frozenset()
 
 
 def _panel(source: str, o: FigureOptions) -> Figure:
@@ -72,36 +81,59 @@ GALLERY: dict[str, GalleryItem] = {
     for item in (
         GalleryItem("sinusoidal", "sinusoidal_panel.png",
                     "The sinusoidal table: matrix, positions, dimensions, similarity",
-                    lambda o: _panel("sinusoidal", o)),
+                    lambda o: _panel("sinusoidal", o),
+                    frozenset({"dim", "length"})),
         GalleryItem("learned", "learned_panel.png",
                     "A learned table (at initialisation unless --table is given)",
-                    lambda o: _panel(o.table or "learned", o)),
+                    lambda o: _panel(o.table or "learned", o),
+                    frozenset({"dim", "length", "table"})),
         GalleryItem("fingerprint", "sinusoidal_encoding.svg",
                     "Sinusoidal fingerprints: one clock hand per dimension pair",
-                    lambda o: diagrams.fingerprint_diagram(**o.kw(d_model="dim"))),
+                    lambda o: diagrams.fingerprint_diagram(**o.kw(d_model="dim")),
+                    frozenset({"dim"})),
         GalleryItem("rope-rotation", "rope_rotation.svg",
                     "RoPE: rotations by m theta and n theta; q.k depends on m - n only",
                     lambda o: diagrams.rope_rotation_diagram()),
         GalleryItem("similarity", "similarity.png",
                     "Dot-product and cosine similarity of positions; similarity by distance",
-                    lambda o: absolute.similarity_figure(**o.kw(d_model="dim", length="length"))),
+                    lambda o: absolute.similarity_figure(**o.kw(d_model="dim", length="length")),
+                    frozenset({"dim", "length"})),
         GalleryItem("relative", "relative_position.png",
                     "M_k reconstruction error and step consistency against the offset k",
-                    lambda o: absolute.relative_figure(**o.kw(d_model="dim", length="length"))),
+                    lambda o: absolute.relative_figure(**o.kw(d_model="dim", length="length")),
+                    frozenset({"dim", "length"})),
         GalleryItem("rope-decay", "rope_decay.png",
                     "RoPE long-range decay (RoFormer 3.4.3) for bases and scalings",
-                    lambda o: rotary.rope_decay_figure(**o.kw(head_dim="dim"))),
+                    lambda o: rotary.rope_decay_figure(**o.kw(head_dim="dim")),
+                    frozenset({"dim"})),
         GalleryItem("rope-spectrum", "rope_scalings.png",
                     "Wavelength per pair under PI, NTK, dynamic NTK, YaRN and Llama 3",
-                    lambda o: rotary.rope_spectrum_figure(**o.kw(head_dim="dim"))),
+                    lambda o: rotary.rope_spectrum_figure(**o.kw(head_dim="dim")),
+                    frozenset({"dim"})),
         GalleryItem("biases", "bias_patterns.png",
                     "Attention-logit bias per head of every score-site encoding",
-                    lambda o: biases.bias_figure(**o.kw(num_heads="heads", length="length"))),
+                    lambda o: biases.bias_figure(**o.kw(num_heads="heads", length="length")),
+                    frozenset({"heads", "length"})),
         GalleryItem("attention", "attention_maps.png",
                     "Attention of an untrained layer per encoding, one token everywhere",
-                    lambda o: biases.attention_figure(**o.kw(num_heads="heads", length="length"))),
+                    lambda o: biases.attention_figure(**o.kw(num_heads="heads", length="length")),
+                    frozenset({"heads", "length"})),
     )
 }  # fmt: skip
+
+
+def figure_options(what: str) -> frozenset[str]:
+    """The ``FigureOptions`` fields the figure ``what`` (gallery or encoding name) reads.
+
+    Raises:
+        ValueError: ``what`` is neither a gallery figure nor a registered encoding.
+    """
+    if what in GALLERY:
+        return GALLERY[what].options
+    sites = info(what).sites
+    if sites & Site.INPUT:
+        return frozenset({"dim", "length", "table"})
+    return frozenset({"heads", "length"})
 
 
 def make_figure(what: str, options: FigureOptions | None = None) -> Figure:
@@ -132,7 +164,8 @@ def make_figure(what: str, options: FigureOptions | None = None) -> Figure:
 def write_gallery(
     out: str | Path, options: FigureOptions | None = None, *, dpi: int = 100
 ) -> list[Path]:
-    """Write every gallery figure into the folder ``out``; return the paths written.
+    """Write every gallery figure into the folder ``out`` (created if its parent exists);
+    return the paths written.
 
     With ``options.table`` the learned table of that file is drawn as well, to
     ``learned_trained_panel.png``.
@@ -141,6 +174,7 @@ def write_gallery(
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(errno.ENOTDIR, "not a folder", str(out))
+    out.mkdir(exist_ok=True)  # one level: a missing parent is the user's typo
     plain = dataclasses.replace(options, table=None)
     written = [
         save_figure(item.make(plain), out / item.filename, dpi=dpi) for item in GALLERY.values()
