@@ -166,7 +166,7 @@ def test_task_sweep_reports_accuracy(tmp_path, monkeypatch):
         (["--corpus", "/nonexistent/text"], "does not exist"),
         (["--steps", "many"], "invalid int value"),
         (["--steps", "0"], "steps must be >= 1"),
-        (["--heads", "3"], "not divisible by num_heads=3"),
+        (["--heads", "3"], "not divisible by --heads 3"),
         (["--scalings", "stretch"], "unknown scaling 'stretch'"),
         (["--eval-lens", "32", "1e3"], "expected integers"),
     ],
