@@ -151,6 +151,7 @@ def error_line(exc: BaseException) -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = _TopParser(
         prog="posenc",
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # --version on one line
         description="Positional encodings for transformers: tables, figures, tours, the lab.",
         epilog="`posenc help COMMAND` (or `posenc COMMAND --help`) shows a command's options.",
     )
