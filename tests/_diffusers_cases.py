@@ -11,6 +11,7 @@ returns what the model uses for the image/video tokens:
   rotated by ``apply_rotary_emb(use_real=True, use_real_unbind_dim=-2)`` (CogView4, GLM);
 * ``("complex", freqs)``: ``[N, D/2]`` unit complex numbers, rotated as complex pairs;
 * ``("matrix", m)``: ``[N, D/2, 2, 2]`` rotation matrices, rotated by HiDream's ``apply_rope``;
+* ``("rotate", fn)``: no table, only the model's own rotation ``fn(x [B, H, N, D])``.
 * ``("table", table)``: an ``[N, C]`` sin-cos table added to the patch embeddings.
 """
 
@@ -52,6 +53,7 @@ from diffusers.models.transformers import (
     transformer_skyreels_v2,
     transformer_wan,
     transformer_wan_animate,
+    transformer_wan_animate_2,
     transformer_z_image,
 )
 from diffusers.pipelines.cogvideo.pipeline_cogvideox import (
@@ -184,6 +186,27 @@ def _z_image(config, grid):
     )
     start = (config["caption_length"] + 1, 0, 0)
     return "complex", module(grid_positions(*grid, start=start))
+
+
+def _wan_animate2(config, grid):
+    """Wan-Animate 2's ``rope_apply`` with the model's per-stream offsets and frame stride."""
+    width = config["dim"] // config["num_heads"]
+    offsets, stride = config["rope_offsets"], config["rope_stride"]
+    spatial = 2 * (width // 6)
+    freqs = torch.cat(
+        [
+            transformer_wan_animate_2.rope_params(64, width - 2 * spatial, offset=offsets[0]),
+            transformer_wan_animate_2.rope_params(64, spatial, offset=offsets[1]),
+            transformer_wan_animate_2.rope_params(64, spatial, offset=offsets[2]),
+        ],
+        dim=1,
+    )
+    def rotate(x):
+        sizes = torch.tensor([grid] * x.shape[0])  # one (f, h, w) per sample
+        out = transformer_wan_animate_2.rope_apply(x.transpose(1, 2), sizes, freqs, stride)
+        return out.transpose(1, 2)
+
+    return "rotate", rotate
 
 
 def _kandinsky(module_cls):
@@ -349,6 +372,11 @@ ROPE_CASES = [
     Case(
         "WanAnimateTransformer3DModel", {"attention_head_dim": 12}, (2, 3, 3),
         _wan(transformer_wan_animate.WanRotaryPosEmbed),
+    ),
+    Case(
+        "WanAnimate2Transformer3DModel",
+        {"dim": 24, "num_heads": 2, "rope_offsets": (3, 1, 2), "rope_stride": 2},
+        (3, 2, 4), _wan_animate2,
     ),
     Case(
         "SanaVideoTransformer3DModel", {"attention_head_dim": 12}, (2, 3, 3),

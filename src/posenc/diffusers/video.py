@@ -5,7 +5,8 @@ RoPE here rotates one block of features per axis ``(t, y, x)``, adjacent pairs:
 
 * Wan 2.1 (Wan team 2025, sec. 3.1) and the models built on it: blocks
   ``(D - 4 [D/6], 2 [D/6], 2 [D/6])``, theta 10000; ChronoEdit numbers a two-frame edit
-  ``t = (0, temporal_skip_len - 1)``;
+  ``t = (0, temporal_skip_len - 1)``; Wan-Animate 2 offsets each stream and strides its
+  frames;
 * HunyuanVideo (Kong et al. 2024, sec. 3.2): ``rope_axes_dim`` (16, 56, 56), theta 256
   (HunyuanImage: the same on two axes); Helios: ``rope_dim`` / ``rope_theta`` at the frame
   indices of the current and history latents (here ``0..F-1``);
@@ -37,6 +38,21 @@ def _wan(config: Config) -> AxialRope:
     width = head_dim(config)
     spatial = 2 * (width // 6)
     return axes_rope(width, (width - 2 * spatial, spatial, spatial), 10000.0)
+
+
+def _wan_animate2(config: Config) -> AxialRope:
+    width = int(need(config, "dim")) // int(need(config, "num_heads"))
+    return _wan({"attention_head_dim": width})
+
+
+def _offset_strided(config: Config, frames: int, height: int, width: int) -> Tensor:
+    """Wan-Animate 2's streams: ``(offset_t + j stride, offset_y + i, offset_x + k)``
+    (``rope_offsets`` and ``rope_stride``, keys of the call, default ``(0, 0, 0)`` and 1)."""
+    stride = int(config.get("rope_stride", 1))
+    offsets = [int(o) for o in config.get("rope_offsets", (0, 0, 0))]
+    positions = grid_positions(frames, height, width, start=(0, offsets[1], offsets[2]))
+    positions[:, 0] = positions[:, 0] * stride + offsets[0]
+    return positions
 
 
 def _video(config: Config, frames: int, height: int, width: int) -> Tensor:
@@ -123,6 +139,10 @@ VIDEO_FAMILIES: tuple[Family, ...] = (
         "WanTransformer3DModel WanVACETransformer3DModel WanAnimateTransformer3DModel "
         "SanaVideoTransformer3DModel SkyReelsV2Transformer3DModel",
         _wan, _video, "WanRotaryPosEmbed and its copies",
+    ),
+    row(
+        "Wan-Animate 2 3-D RoPE", "WanAnimate2Transformer3DModel", _wan_animate2,
+        _offset_strided, "rope_params / rope_apply (transformer_wan_animate_2)",
     ),
     row(
         "ChronoEdit 3-D RoPE", "ChronoEditTransformer3DModel", _wan, _chronoedit,
