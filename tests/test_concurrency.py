@@ -10,6 +10,7 @@ beyond its initial cache, several rounds over; every result must equal a fresh m
 
 from __future__ import annotations
 
+import copy
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -155,3 +156,41 @@ def test_a_length_change_between_sync_and_rotation_cannot_split_a_forward():
     cos, sin = rope.cos_sin(torch.arange(x.shape[1]))
     fresh = posenc.apply_rope(k, cos, sin)
     torch.testing.assert_close(cache.keys[:, :, :-1], fresh, **tolerances(torch.float32, ops=64))
+
+
+@torch.no_grad()
+def test_a_kv_cache_used_by_two_threads_at_once_is_refused():
+    """guarantees.md: a second call on a cache that another thread's call holds raises
+    instead of interleaving two histories; the holder's decoding is unchanged."""
+    torch.manual_seed(0)
+    layer = posenc.MultiHeadAttention(C, H, position="rope").eval()
+    x = torch.randn(1, 6, C)
+    cache, serial = posenc.KVCache(), posenc.KVCache()
+    inside, release = threading.Event(), threading.Event()
+
+    def hold(module, args):  # the first call waits inside the layer, holding the cache
+        if threading.current_thread().name == "holder":
+            inside.set()
+            assert release.wait(10)
+
+    handle = layer.k_proj.register_forward_pre_hook(hold)
+    outs = {}
+    holder = threading.Thread(
+        target=lambda: outs.setdefault("held", layer(x[:, :4], cache=cache)), name="holder"
+    )
+    holder.start()
+    try:
+        assert inside.wait(10)
+        with pytest.raises(RuntimeError, match="in use by another call"):
+            layer(x[:, 4:5], cache=cache)
+    finally:
+        release.set()
+        holder.join()
+        handle.remove()
+    assert len(cache) == 4  # the refused call appended nothing
+    last = layer(x[:, 4:], cache=cache)  # free again: decoding goes on as if alone
+    torch.testing.assert_close(outs["held"], layer(x[:, :4], cache=serial), rtol=0, atol=0)
+    torch.testing.assert_close(last, layer(x[:, 4:], cache=serial), rtol=0, atol=0)
+    assert len(cache) == len(serial) == 6
+    copied = copy.deepcopy(cache)  # the lock is not copied: the copy is idle and usable
+    assert len(layer(x[:, 5:], cache=copied)) == 1 and len(copied) == 7

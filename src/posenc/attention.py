@@ -214,9 +214,10 @@ class MultiHeadAttention(nn.Module):
             ValueError: ``x`` not ``[B, T, d_model]``, or a positions, mask or segment ids
                 shape that does not match ``x`` (and the cache).
             TypeError: wrong dtypes (float mask, float segment ids, bf16 positions, ...).
+            RuntimeError: ``cache`` is in use by another call (threads sharing one cache).
         """
         check_tensor("x", x, ndim=3)
-        batch, length, width = x.shape
+        width = x.shape[-1]
         if width != self.d_model:
             raise ValueError(f"x has last dimension {width}, expected d_model={self.d_model}")
         if x.dtype != self.q_proj.weight.dtype:
@@ -226,6 +227,21 @@ class MultiHeadAttention(nn.Module):
             )
         if cache is not None and not isinstance(cache, KVCache):
             raise TypeError(f"cache must be a KVCache or None, got {type(cache).__name__}")
+        if cache is not None and not torch.compiler.is_compiling():
+            with cache.in_use():  # another thread's call on this cache raises RuntimeError
+                return self._forward(x, positions, key_padding_mask, segment_ids, cache)
+        return self._forward(x, positions, key_padding_mask, segment_ids, cache)
+
+    def _forward(
+        self,
+        x: Tensor,
+        positions: Tensor | None,
+        key_padding_mask: Tensor | None,
+        segment_ids: Tensor | None,
+        cache: KVCache | None,
+    ) -> Tensor:
+        """``forward`` after its checks of ``x`` and ``cache``."""
+        batch, length, _ = x.shape
         past = 0 if cache is None else len(cache)
         _check_ids("key_padding_mask", key_padding_mask, [(batch, length), (batch, past + length)])
         _check_ids("segment_ids", segment_ids, [(batch, length)])

@@ -10,9 +10,16 @@ step, e.g. ALiBi's ``-m (i - j)``), the key padding mask and, for packed sequenc
 segment ids. Keys and values are kept at ``Hkv`` heads (grouped-query attention stores
 the small tensors). Appending concatenates, so a cache of ``Tk`` keys is copied once per
 step; decoding is dominated by attention itself, which also reads all ``Tk`` keys.
+
+One cache holds one sequence of calls: a call that finds it in use by another (threads
+sharing a cache) raises ``RuntimeError`` instead of interleaving two histories.
 """
 
 from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor
@@ -57,7 +64,35 @@ class KVCache:
     """
 
     def __init__(self) -> None:
+        self._busy = threading.Lock()
         self.reset()
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        del state["_busy"]  # a lock is neither copied nor pickled: a copy is idle
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._busy = threading.Lock()
+
+    @contextmanager
+    def in_use(self) -> Iterator[KVCache]:
+        """Hold the cache for one call (``MultiHeadAttention`` does); a second call while
+        it is held, from another thread, raises instead of interleaving the two histories.
+
+        Raises:
+            RuntimeError: another call is using this cache now.
+        """
+        if not self._busy.acquire(blocking=False):
+            raise RuntimeError(
+                "this KVCache is in use by another call (another thread?); a cache holds "
+                "one sequence of calls: give each thread its own KVCache"
+            )
+        try:
+            yield self
+        finally:
+            self._busy.release()
 
     def reset(self) -> None:
         """Empty the cache (start a new batch of sequences)."""
