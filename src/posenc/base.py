@@ -452,6 +452,8 @@ def _other_calls(enc: PositionalEncoding) -> str:
         calls.append("enc.embed(x, positions)")
     if enc.sites & Site.VALUE:
         calls.append("enc.value_term(probs, q_pos, k_pos)")
+    if enc.sites & Site.WEIGHTS:
+        calls.append("enc.gates(x) and enc.weights(q, k, q_pos, k_pos, q_gates, k_gates)")
     if not calls:
         return "it leaves attention unchanged"
     return "call " + " or ".join(calls)

@@ -98,6 +98,14 @@ def explain(
         _bias_tour(out, enc, dim, length, num_heads, name=name)
     if entry.sites & Site.VALUE:
         _say(out, "It also adds a learned term to the attention output (the value site).\n")
+    if entry.sites & Site.WEIGHTS:
+        _say(
+            out,
+            "It computes the attention weights itself (the weights site): from the queries,\n"
+            "the keys and per-token gates that the layer computes from its input and the KV\n"
+            "cache keeps; no softmax over q.k plus a bias. What it does over distance\n"
+            "depends on the content, so there is no fixed pattern to show.\n",
+        )
     if not entry.sites:
         _no_position_tour(out, dim)
 
