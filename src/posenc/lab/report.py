@@ -14,8 +14,12 @@ by ``posenc.lab.plots``.
 
 from __future__ import annotations
 
+import re
+
+from rich import box
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from posenc.lab import stats
 from posenc.lab.pairwise import Comparison, cell_interval, compare_all, pairwise_lines, unit_rows
@@ -170,14 +174,40 @@ def _title(results: dict) -> str:
     )
 
 
+def _short(value: float) -> str:
+    """A bound of an interval in at most five characters where it can be."""
+    if abs(value) < 100:
+        return f"{value:.1f}"
+    return f"{value:.0f}" if abs(value) < 10_000 else f"{value:.2g}"
+
+
+def _compact(cell: str) -> Text:
+    """A cell of ``table_cells`` on two short lines: the mean over its interval (dim)
+    (``28.35 [24.38, 33.27]`` -> ``28.35`` / ``24.4-33.3``)."""
+    found = re.fullmatch(r"(\S+) \[(\S+), (\S+)\]", cell)
+    if found is None:
+        mean, _, width = cell.partition(" ± ")  # Student's t half-width, or a status
+        return Text.assemble(mean, *(("\n", (f"±{width}", "dim")) if width else ()))
+    mean, low, high = found.groups()  # accuracy: the mean's % stands for both
+    low, high = (_short(float(v.rstrip("%"))) for v in (low, high))
+    return Text.assemble(mean, "\n", (f"{low}-{high}", "dim"))
+
+
 def print_table(results: dict, console: Console) -> None:
-    """The table on the terminal (rich)."""
-    table = Table(title=_title(results))
-    table.add_column("encoding")
+    """The table on the terminal (rich): each cell the mean over its 95 % interval, so
+    the default five evaluation lengths fit 80 columns."""
+    table = Table(
+        title=_title(results),
+        caption="each cell: the mean, its 95 % interval below it",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        padding=(0, 0, 0, 1),
+    )
+    table.add_column("encoding", overflow="fold")
     for n in results["config"]["eval_lens"]:
         table.add_column(str(n), justify="right")
     for label, row in table_cells(results):
-        table.add_row(label, *row)
+        table.add_row(label, *(_compact(c) for c in row))
     console.print(table)
     learning = steps_to_learn(results)
     if learning is not None:
