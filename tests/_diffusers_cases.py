@@ -38,6 +38,7 @@ from diffusers.models.transformers import (
     transformer_hunyuan_video,
     transformer_hunyuan_video15,
     transformer_hunyuanimage,
+    transformer_ideogram4,
     transformer_kandinsky,
     transformer_kandinsky6,
     transformer_kandinsky6_sr,
@@ -201,12 +202,23 @@ def _wan_animate2(config, grid):
         ],
         dim=1,
     )
+
     def rotate(x):
         sizes = torch.tensor([grid] * x.shape[0])  # one (f, h, w) per sample
         out = transformer_wan_animate_2.rope_apply(x.transpose(1, 2), sizes, freqs, stride)
         return out.transpose(1, 2)
 
     return "rotate", rotate
+
+
+def _ideogram4(config, grid):
+    from diffusers.pipelines.ideogram4.pipeline_ideogram4 import IMAGE_POSITION_OFFSET
+
+    module = transformer_ideogram4.Ideogram4MRoPE(
+        config["attention_head_dim"], config["rope_theta"], config["mrope_section"]
+    )
+    cos, sin = module((grid_positions(*grid) + IMAGE_POSITION_OFFSET)[None])
+    return "real_half", cos[0], sin[0]
 
 
 def _kandinsky(module_cls):
@@ -471,6 +483,11 @@ ROPE_CASES = [
     Case(
         "CogView4Transformer2DModel", {"attention_head_dim": 16, "rope_axes_dim": (8, 8)},
         (1, 5, 3), _cogview4,
+    ),
+    Case(
+        "Ideogram4Transformer2DModel",
+        {"attention_head_dim": 32, "rope_theta": 10000, "mrope_section": (4, 3, 3)},
+        (1, 3, 4), _ideogram4,
     ),
     Case("GlmImageTransformer2DModel", {"attention_head_dim": 16}, (1, 4, 5), _glm_image),
     Case(

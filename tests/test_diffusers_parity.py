@@ -24,6 +24,7 @@ from diffusers.models.embeddings import apply_rotary_emb
 from diffusers.models.transformers.transformer_hidream_image import apply_rope as hidream_apply_rope
 
 from _diffusers_cases import ROPE_CASES, TABLE_CASES
+from posenc import MRoPE
 from posenc.diffusers import diffusers_positions, from_diffusers
 
 EPS32 = torch.finfo(torch.float32).eps
@@ -81,7 +82,9 @@ def test_rope_matches_diffusers(case):
     reference = case.reference(case.config, case.grid)
     rope = from_diffusers(config)
     positions = diffusers_positions(config, frames=frames, height=height, width=width)
-    angle = float(positions.abs().max()) * float(rope.inv_freq.max())
+    inv_freq = rope.rope.inv_freq if isinstance(rope, MRoPE) else rope.inv_freq
+    tokens = positions.shape[-1] if isinstance(rope, MRoPE) else positions.shape[0]  # [3, N]
+    angle = float(positions.abs().max()) * float(inv_freq.max())
     if reference[0] != "rotate":
         cos_ref, sin_ref = _pairs(reference)
         cos, sin = rope.cos_sin(positions, dtype=torch.float64)
@@ -89,9 +92,7 @@ def test_rope_matches_diffusers(case):
         torch.testing.assert_close(cos, cos_ref, rtol=0, atol=_tolerance(angle))
         torch.testing.assert_close(sin, sin_ref, rtol=0, atol=_tolerance(angle))
 
-    q = torch.randn(
-        2, 3, positions.shape[0], rope.head_dim, generator=torch.Generator().manual_seed(0)
-    )
+    q = torch.randn(2, 3, tokens, rope.head_dim, generator=torch.Generator().manual_seed(0))
     expected = _diffusers_rotate(q, reference)
     got, _ = rope.rotate(q, q, positions, positions)
     scale = float(q.abs().max())

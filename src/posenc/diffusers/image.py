@@ -16,6 +16,8 @@ Shapes: ``D`` head_dim, ``C`` d_model, ``H x W`` patches, ``N = H W`` image toke
   pairs alternate row and column.
 * CogView4 and GLM-Image: two blocks of ``D/2`` in the half-split layout ``(i, i + D/2)``;
   CogView4 resamples rows and columns onto ``rope_axes_dim`` positions.
+* Ideogram 4: Qwen3-VL's interleaved M-RoPE (``posenc.MRoPE``, positions ``[3, N]``), the
+  image at ``(0, y, x)`` shifted by 65536.
 * DiT (Peebles & Xie 2023), PixArt-α (Chen et al. 2023) and SD3 (Esser et al. 2024) add
   a 2-D sin-cos table (``GridSinCos``).
 """
@@ -42,8 +44,11 @@ from posenc.diffusers.grids import (
 )
 from posenc.diffusers.sincos import GridSinCos
 from posenc.encodings.rotary.axial import AxialRope
+from posenc.encodings.rotary.mrope import MRoPE
 
 __all__ = ["IMAGE_FAMILIES"]
+
+IDEOGRAM4_IMAGE_OFFSET = 65536  # diffusers' pipeline_ideogram4.IMAGE_POSITION_OFFSET
 
 
 def _flux(config: Config) -> AxialRope:
@@ -126,6 +131,22 @@ def _cogview4_positions(config: Config, frames: int, height: int, width: int) ->
     return torch.stack(torch.meshgrid(rows, cols, indexing="ij"), dim=-1).reshape(-1, 2)
 
 
+def _ideogram4(config: Config) -> MRoPE:
+    """Qwen3-VL's interleaved M-RoPE; pairs past ``3 s_h`` / ``3 s_w`` follow time, so time
+    gets the rest of the ``D/2`` pairs whatever its own section says."""
+    width = head_dim(config)
+    _, s_h, s_w = (int(s) for s in need(config, "mrope_section"))
+    sections = (width // 2 - s_h - s_w, s_h, s_w)
+    base = float(need(config, "rope_theta"))
+    return MRoPE(width, mrope_section=sections, base=base, mrope_interleaved=True)
+
+
+def _ideogram4_positions(config: Config, frames: int, height: int, width: int) -> Tensor:
+    """``[3, N]``: ``(0, y, x)`` plus the pipeline's image offset 65536 on every axis
+    (``IMAGE_POSITION_OFFSET``, keeping images apart from text ``(i, i, i)``)."""
+    return (grid_positions(frames, height, width) + IDEOGRAM4_IMAGE_OFFSET).T.contiguous()
+
+
 def _sincos_2d(config: Config) -> GridSinCos:
     return GridSinCos(head_dim(config) * int(need(config, "num_attention_heads")))
 
@@ -195,6 +216,10 @@ IMAGE_FAMILIES: tuple[Family, ...] = (
     row(
         "GLM-Image 2-D RoPE", "GlmImageTransformer2DModel", _half_split_2d, _rows_columns,
         "GlmImageRotaryPosEmbed",
+    ),
+    row(
+        "Ideogram 4 M-RoPE", "Ideogram4Transformer2DModel", _ideogram4, _ideogram4_positions,
+        "Ideogram4MRoPE",
     ),
     row(
         "2-D sin-cos table", "DiTTransformer2DModel SD3Transformer2DModel", _sincos_2d,
