@@ -524,6 +524,12 @@ TABLE_CASES = [
         (1, 4, 6), _patch_embed,
     ),
     Case(
+        "SanaTransformer2DModel",
+        {"_kind": "sana", "attention_head_dim": 8, "num_attention_heads": 2, "sample_size": 16,
+         "patch_size": 1, "interpolation_scale": 2.0},
+        (1, 6, 4), _patch_embed, "sincos",
+    ),
+    Case(
         "SD3Transformer2DModel",
         {"_kind": "sd3", "attention_head_dim": 8, "num_attention_heads": 2, "sample_size": 8,
          "patch_size": 2, "pos_embed_max_size": 12},

@@ -24,7 +24,7 @@ from diffusers.models.embeddings import apply_rotary_emb
 from diffusers.models.transformers.transformer_hidream_image import apply_rope as hidream_apply_rope
 
 from _diffusers_cases import ROPE_CASES, TABLE_CASES
-from posenc import MRoPE
+from posenc import MRoPE, NoPE
 from posenc.diffusers import diffusers_positions, from_diffusers
 
 EPS32 = torch.finfo(torch.float32).eps
@@ -127,3 +127,15 @@ def test_qwen_text_follows_the_centred_image():
     atol = _tolerance(9.0)
     torch.testing.assert_close(cos, text.real.double(), rtol=0, atol=atol)
     torch.testing.assert_close(sin, text.imag.double(), rtol=0, atol=atol)
+
+
+def test_sana_without_interpolation_scale_has_no_positions():
+    """Sana's released configs leave ``interpolation_scale`` unset: its PatchEmbed adds nothing."""
+    from diffusers.models.embeddings import PatchEmbed
+
+    embed = PatchEmbed(height=8, width=8, patch_size=1, in_channels=4, embed_dim=16,
+                       interpolation_scale=None, pos_embed_type=None)  # fmt: skip
+    with torch.no_grad():
+        added = embed(torch.zeros(1, 4, 8, 8))[0] - embed.proj.bias
+    torch.testing.assert_close(added, torch.zeros_like(added), rtol=0, atol=0)
+    assert isinstance(from_diffusers("SanaTransformer2DModel"), NoPE)

@@ -19,7 +19,8 @@ Shapes: ``D`` head_dim, ``C`` d_model, ``H x W`` patches, ``N = H W`` image toke
 * Ideogram 4: Qwen3-VL's interleaved M-RoPE (``posenc.MRoPE``, positions ``[3, N]``), the
   image at ``(0, y, x)`` shifted by 65536.
 * DiT (Peebles & Xie 2023), PixArt-α (Chen et al. 2023) and SD3 (Esser et al. 2024) add
-  a 2-D sin-cos table (``GridSinCos``).
+  a 2-D sin-cos table (``GridSinCos``); Sana (Xie et al. 2024) has none (``NoPE``) unless
+  its config sets ``interpolation_scale``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from posenc.base import PositionalEncoding
 from posenc.diffusers._common import (
     Config,
     Family,
@@ -43,6 +45,7 @@ from posenc.diffusers.grids import (
     sincos_positions,
 )
 from posenc.diffusers.sincos import GridSinCos
+from posenc.encodings.nope import NoPE
 from posenc.encodings.rotary.axial import AxialRope
 from posenc.encodings.rotary.mrope import MRoPE
 
@@ -159,6 +162,19 @@ def _sincos_2d_positions(config: Config, frames: int, height: int, width: int) -
     )
 
 
+def _sana(config: Config) -> PositionalEncoding:
+    """Sana: no positional encoding (NoPE) unless ``interpolation_scale`` is set."""
+    return NoPE() if config.get("interpolation_scale") is None else _sincos_2d(config)
+
+
+def _sana_positions(config: Config, frames: int, height: int, width: int) -> Tensor:
+    scale = config.get("interpolation_scale")
+    if scale is None:
+        return _rows_columns(config, frames, height, width)  # NoPE reads none
+    base = int(need(config, "sample_size")) // int(need(config, "patch_size"))
+    return sincos_positions(height, width, base_size=base, interpolation_scale=float(scale))
+
+
 def _pixart_positions(config: Config, frames: int, height: int, width: int) -> Tensor:
     """PixArt: ``interpolation_scale`` from the config, else ``max(sample_size // 64, 1)``."""
     size = int(need(config, "sample_size"))
@@ -224,6 +240,10 @@ IMAGE_FAMILIES: tuple[Family, ...] = (
     row(
         "2-D sin-cos table", "DiTTransformer2DModel SD3Transformer2DModel", _sincos_2d,
         _sincos_2d_positions, "PatchEmbed (get_2d_sincos_pos_embed)",
+    ),
+    row(
+        "Sana: NoPE, or a 2-D sin-cos table", "SanaTransformer2DModel", _sana, _sana_positions,
+        "PatchEmbed (pos_embed_type None or sincos)",
     ),
     row(
         "PixArt 2-D sin-cos table", "PixArtTransformer2DModel", _sincos_2d, _pixart_positions,
