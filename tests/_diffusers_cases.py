@@ -530,6 +530,12 @@ TABLE_CASES = [
         (1, 6, 4), _patch_embed, "sincos",
     ),
     Case(
+        "Transformer2DModel",
+        {"_kind": "pixart", "attention_head_dim": 8, "num_attention_heads": 2,
+         "sample_size": 128, "patch_size": 2, "interpolation_scale": None},
+        (1, 3, 5), _patch_embed, "patches",
+    ),
+    Case(
         "SD3Transformer2DModel",
         {"_kind": "sd3", "attention_head_dim": 8, "num_attention_heads": 2, "sample_size": 8,
          "patch_size": 2, "pos_embed_max_size": 12},

@@ -139,3 +139,15 @@ def test_sana_without_interpolation_scale_has_no_positions():
         added = embed(torch.zeros(1, 4, 8, 8))[0] - embed.proj.bias
     torch.testing.assert_close(added, torch.zeros_like(added), rtol=0, atol=0)
     assert isinstance(from_diffusers("SanaTransformer2DModel"), NoPE)
+
+
+def test_transformer2d_by_input_kind():
+    """Continuous inputs add no positions (no ``pos_embed``); discrete ones are refused."""
+    from diffusers import Transformer2DModel
+
+    continuous = Transformer2DModel(num_attention_heads=1, attention_head_dim=8, in_channels=4,
+                                    num_layers=1, norm_num_groups=2)  # fmt: skip
+    assert getattr(continuous, "pos_embed", None) is None
+    assert isinstance(from_diffusers("Transformer2DModel", in_channels=4), NoPE)
+    with pytest.raises(ValueError, match="num_vector_embeds"):
+        from_diffusers("Transformer2DModel", num_vector_embeds=8)

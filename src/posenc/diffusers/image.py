@@ -175,6 +175,22 @@ def _sana_positions(config: Config, frames: int, height: int, width: int) -> Ten
     return sincos_positions(height, width, base_size=base, interpolation_scale=float(scale))
 
 
+def _transformer2d(config: Config) -> PositionalEncoding:
+    """Transformer2DModel by input kind: patches get PixArt's sin-cos table, continuous
+    inputs (a convolution in) none.
+
+    Raises:
+        ValueError: discrete inputs (``num_vector_embeds``), whose learned row and column
+            tables are checkpoint weights.
+    """
+    if config.get("num_vector_embeds") is not None:
+        raise ValueError(
+            "Transformer2DModel with num_vector_embeds (discrete inputs) adds learned "
+            "ImagePositionalEmbeddings tables (checkpoint weights); posenc does not build them"
+        )
+    return NoPE() if config.get("patch_size") is None else _sincos_2d(config)
+
+
 def _pixart_positions(config: Config, frames: int, height: int, width: int) -> Tensor:
     """PixArt: ``interpolation_scale`` from the config, else ``max(sample_size // 64, 1)``."""
     size = int(need(config, "sample_size"))
@@ -247,6 +263,11 @@ IMAGE_FAMILIES: tuple[Family, ...] = (
     ),
     row(
         "PixArt 2-D sin-cos table", "PixArtTransformer2DModel", _sincos_2d, _pixart_positions,
+        "PatchEmbed (get_2d_sincos_pos_embed)",
+    ),
+    row(
+        "Transformer2DModel: PixArt's table (patches) or NoPE (continuous)",
+        "Transformer2DModel", _transformer2d, _pixart_positions,
         "PatchEmbed (get_2d_sincos_pos_embed)",
     ),
 )  # fmt: skip
