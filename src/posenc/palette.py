@@ -5,42 +5,79 @@ encoding with ``style(label)``. Rows derived from an encoding (``"rope +yarn"``,
 ``"learned +interpolate"``, ``"rope +linear +ft"``) take the colour and marker of their
 variant and a line style by kind: solid for a trained model, dashed for a scaling
 applied at evaluation time, dotted for an interpolated table, dash-dot for a fine-tune.
-Colours are the colour-blind-safe Tableau 10 (matplotlib's default cycle) plus greys.
+Every further modifier (``+ft``, ``+decoded``, ``+hf``) darkens the colour one step and
+moves the marker along ``MARKERS``, so ``rope +ft`` never looks like ``rope``; ``styles``
+resolves what a figure's rows would still share. Every colour keeps a contrast of at
+least ``MIN_CONTRAST`` against a white background (WCAG 2.1's 3:1 for graphics): no
+pale line vanishes.
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 
-__all__ = ["ENCODING_STYLES", "VARIANT_STYLES", "Style", "style"]
+__all__ = [
+    "ENCODING_STYLES",
+    "MARKERS",
+    "MIN_CONTRAST",
+    "VARIANT_STYLES",
+    "Style",
+    "contrast",
+    "style",
+    "styles",
+]
 
 #: ``name: (colour, marker)`` of each registered encoding.
 ENCODING_STYLES: dict[str, tuple[str, str]] = {
     "nope": ("#7f7f7f", "o"),
-    "sinusoidal": ("#ff7f0e", "s"),
+    "sinusoidal": ("#d95f02", "s"),
     "learned": ("#8c564b", "P"),
     "rope": ("#1f77b4", "o"),
-    "xpos": ("#17becf", "h"),
-    "alibi": ("#2ca02c", "^"),
+    "xpos": ("#0f7f8a", "h"),
+    "alibi": ("#238b23", "^"),
     "t5": ("#d62728", "v"),
-    "shaw": ("#e377c2", "<"),
-    "kerple": ("#bcbd22", ">"),
+    "shaw": ("#c2378f", "<"),
+    "kerple": ("#7a7a00", ">"),
     "sandwich": ("#9467bd", "d"),
     "fire": ("#393b79", "*"),
     "cope": ("#637939", "X"),
 }
 #: ``modifier: (colour, marker)`` of the rows derived from a trained model.
 VARIANT_STYLES: dict[str, tuple[str, str]] = {
-    "linear": ("#aec7e8", "s"),
-    "ntk": ("#9edae5", "D"),
-    "dynamic": ("#c5b0d5", "p"),
-    "yarn": ("#ff9896", "*"),
-    "interpolate": ("#c49c94", "X"),
+    "linear": ("#5e3c99", "s"),
+    "ntk": ("#00796b", "D"),
+    "dynamic": ("#b8500b", "p"),
+    "yarn": ("#c51b4a", "*"),
+    "interpolate": ("#6d4c41", "X"),
 }
-_FALLBACK = ("#843c39", "#7b4173", "#8ca252", "#bd9e39", "#ad494a", "#3182bd")
+#: The markers, in the order a further modifier moves along.
+MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "h", "p", "<", ">", "d", "H", "8")
+#: The least contrast of a colour against white (WCAG 2.1, non-text graphics).
+MIN_CONTRAST = 3.0
+_FALLBACK = ("#843c39", "#7b4173", "#5f7a1f", "#8a6d00", "#ad494a", "#2166ac")
 _FALLBACK_MARKERS = ("o", "s", "^", "v", "D", "P")
 _LINES = {"trained": "-", "scaling": "--", "interpolate": ":", "finetune": "-."}
+
+
+def contrast(color: str) -> float:
+    """The WCAG 2.1 contrast ratio of ``#rrggbb`` against white (1 to 21)."""
+    channels = [int(color.lstrip("#")[i : i + 2], 16) / 255 for i in (0, 2, 4)]
+    linear = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in channels]
+    luminance = 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+    return 1.05 / (luminance + 0.05)
+
+
+def _darker(color: str, steps: int) -> str:
+    """``color`` with each channel scaled by 0.72 per step (darker keeps the contrast)."""
+    channels = [int(color.lstrip("#")[i : i + 2], 16) for i in (0, 2, 4)]
+    return "#" + "".join(f"{round(c * 0.72**steps):02x}" for c in channels)
+
+
+def _shifted(marker: str, steps: int) -> str:
+    at = MARKERS.index(marker) if marker in MARKERS else 0
+    return MARKERS[(at + steps) % len(MARKERS)]
 
 
 @dataclass(frozen=True)
@@ -62,6 +99,7 @@ def style(label: str) -> Style:
     name = parts[0] if parts else label
     mods = [p.lstrip("+") for p in parts[1:]]
     variant = next((m for m in mods if m in VARIANT_STYLES), None)
+    further = len(mods) - (variant is not None)  # +ft, +decoded, +hf, ...
     if variant is not None:
         color, marker = VARIANT_STYLES[variant]
     elif name in ENCODING_STYLES:
@@ -78,4 +116,25 @@ def style(label: str) -> Style:
         kind = "scaling"
     else:
         kind = "trained"
+    if further:
+        color, marker = _darker(color, further), _shifted(marker, further)
     return Style(color, marker, _LINES[kind])
+
+
+def styles(labels: Iterable[str]) -> dict[str, Style]:
+    """``style`` of each label of one figure, made distinct: a row whose colour and
+    marker an earlier row already has takes a darker shade and the next marker."""
+    out: dict[str, Style] = {}
+    seen: set[tuple[str, str]] = set()
+    for label in labels:
+        look = style(label)
+        steps = 0
+        while (look.color, look.marker) in seen:
+            steps += 1
+            base = style(label)
+            look = replace(
+                base, color=_darker(base.color, steps), marker=_shifted(base.marker, steps)
+            )
+        seen.add((look.color, look.marker))
+        out[label] = look
+    return out

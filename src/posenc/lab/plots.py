@@ -1,11 +1,13 @@
 """The lab's figures: the metric against evaluation length (mean over seeds with its 95 %
 interval) and, for text, perplexity against position inside the longest windows.
 
-Every row keeps its colour and marker from ``posenc.palette`` in every run; rows that
-tie (variants equal to their model up to the training length) are drawn side by side,
-slightly apart on the length axis; a row with no value at a length (a learned table past
-its rows) gets an open "n/a" marker at the top. matplotlib is imported only when a
-figure is drawn (Agg backend, no display needed). Nothing is drawn without a value.
+Every row keeps its colour and marker from ``posenc.palette`` in every run, distinct
+from every other row of the figure (``palette.styles``); rows that tie (variants equal
+to their model up to the training length) are drawn side by side, slightly apart on the
+length axis; a row with no value at a length (a learned table past its rows) says so in
+its legend entry, never in the data area. The perplexity axis runs from a labelled tick
+at or below the data to one at or above it. matplotlib is imported only when a figure is
+drawn (Agg backend, no display needed). Nothing is drawn without a value.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 
 from posenc.lab import stats
 from posenc.lab.results import write_bytes
-from posenc.palette import style
+from posenc.palette import styles
 
 __all__ = ["draw_all", "figure_names"]
 
@@ -60,23 +62,33 @@ def _save(fig, path: Path) -> Path:
 
 
 def _log_ticks(ax, low: float, high: float) -> None:
-    """Readable ticks on a log perplexity axis: 1-1.5-2-3-5-7 steps per decade across a
-    wide range, evenly spaced round numbers across a narrow one (at least three)."""
+    """Readable ticks on a log perplexity axis that cover the data: the axis runs from the
+    last tick at or below ``low`` to the first at or above ``high``; 1-1.5-2-3-5-7 steps
+    per decade across a wide range, evenly spaced round numbers across a narrow one."""
     from matplotlib.ticker import FixedLocator, MaxNLocator, NullLocator
 
-    ticks = []
     if high / low > 4:
-        for decade in range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1):
-            for step in (1, 1.5, 2, 3, 5, 7):
-                value = step * 10**decade
-                if low <= value <= high:
-                    ticks.append(value)
-    if len(ticks) < 3:
-        ticks = [t for t in MaxNLocator(nbins=5).tick_values(low, high) if low <= t <= high]
-    ax.set_ylim(low, high)
+        first, last = math.floor(math.log10(low)), math.ceil(math.log10(high))
+        steps = (1, 1.5, 2, 3, 5, 7)
+        ticks = [s * 10**d for d in range(first, last + 1) for s in steps]
+    else:
+        ticks = [t for t in MaxNLocator(nbins=5).tick_values(low, high) if t > 0]
+    below = [t for t in ticks if t <= low] or [min(ticks)]
+    above = [t for t in ticks if t >= high] or [max(ticks)]
+    bottom, top = max(below), min(above)
+    ticks = [t for t in ticks if bottom <= t <= top]
+    ax.set_ylim(bottom, top)
     ax.yaxis.set_major_locator(FixedLocator(ticks))
     ax.yaxis.set_minor_locator(NullLocator())
     ax.set_yticklabels([f"{t:g}" for t in ticks])
+
+
+def _interval_words(results: dict) -> str:
+    """What the error bars are: a 95 % interval over seeds, or nothing with one seed."""
+    seeds = len(results["seeds"])
+    if seeds < 2:
+        return "one seed, no interval"
+    return f"mean and 95% interval over {seeds} seeds"
 
 
 def _length_figure(results: dict, out: Path, plt) -> Path:
@@ -84,31 +96,26 @@ def _length_figure(results: dict, out: Path, plt) -> Path:
     lens = config["eval_lens"]
     table = stats.rows(results)
     fig, ax = plt.subplots(figsize=(8.5, 5), dpi=120)
+    looks = styles(row.label for row in table)
     means = []
     for index, row in enumerate(table):
-        look = style(row.label)
+        look = looks[row.label]
         shift = 2 ** (_DODGE * (index - (len(table) - 1) / 2))
         xs, ys, errs, missing = [], [], [], []
         for n in lens:
             cell = row.cells[str(n)]
             if cell.mean is None:
-                missing.append(n * shift)
+                missing.append(str(n))
                 continue
             xs.append(n * shift)
             ys.append(cell.mean)
             errs.append(cell.half_width or 0.0)
         means += [y - e for y, e in zip(ys, errs, strict=True) if y - e > 0]
         means += [y + e for y, e in zip(ys, errs, strict=True)]
+        label = row.label + (f" (n/a at {', '.join(missing)})" if missing else "")
         ax.errorbar(xs, ys, yerr=errs, color=look.color, marker=look.marker,
                     linestyle=look.linestyle, markersize=4, capsize=2, linewidth=1.2,
-                    label=row.label)  # fmt: skip
-        if missing:
-            ax.plot(missing, [0.97] * len(missing), look.marker, color=look.color,
-                    markerfacecolor="none", transform=ax.get_xaxis_transform())  # fmt: skip
-            for x in missing:
-                ax.annotate("n/a", (x, 0.97), xycoords=("data", "axes fraction"),
-                            fontsize=6, color=look.color, xytext=(4, -2),
-                            textcoords="offset points")  # fmt: skip
+                    label=label)  # fmt: skip
     _mark_training_length(ax, config["train_len"])
     ax.set_xscale("log", base=2)
     ax.set_xticks(lens, [str(n) for n in lens])
@@ -123,9 +130,8 @@ def _length_figure(results: dict, out: Path, plt) -> Path:
         ax.set_ylabel("exact-match accuracy")
     ax.set_xlabel("evaluation length (tokens)")
     what = "held-out text" if config["task"] == "lm" else f"task {config['task']}"
-    seeds = len(results["seeds"])
-    ax.set_title(f"posenc lab: {what}, trained at {config['train_len']}; mean and 95% interval "
-                 f"over {seeds} seed{'s' if seeds > 1 else ''}", fontsize=9)  # fmt: skip
+    ax.set_title(f"posenc lab: {what}, trained at {config['train_len']}; "
+                 f"{_interval_words(results)}", fontsize=9)  # fmt: skip
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     ax.grid(True, which="major", alpha=0.3)
     path = _save(fig, out / figure_names(results)[0])
@@ -152,8 +158,9 @@ def _position_figure(results: dict, out: Path, plt) -> Path:
                 curves.setdefault(row["label"], []).append(losses)
     fig, ax = plt.subplots(figsize=(8.5, 5), dpi=120)
     everything = []
+    looks = styles(curves)
     for label, per_seed in curves.items():
-        look = style(label)
+        look = looks[label]
         bins = len(per_seed[0])
         width = int(longest) / bins
         mean = [sum(s[i] for s in per_seed) / len(per_seed) for i in range(bins)]
@@ -167,8 +174,10 @@ def _position_figure(results: dict, out: Path, plt) -> Path:
     _log_ticks(ax, min(everything) / 1.03, max(everything) * 1.03)
     ax.set_xlabel(f"position inside windows of {longest} tokens")
     ax.set_ylabel("per-byte perplexity (log scale)")
-    ax.set_title(f"posenc lab: loss by position at length {longest}, trained at "
-                 f"{config['train_len']} (mean over seeds)", fontsize=9)  # fmt: skip
+    seeds = len(results["seeds"])
+    over = "one seed" if seeds < 2 else f"mean over {seeds} seeds"
+    ax.set_title(f"posenc lab: perplexity by position at length {longest}, trained at "
+                 f"{config['train_len']} ({over})", fontsize=9)  # fmt: skip
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     ax.grid(True, which="major", alpha=0.3)
     path = _save(fig, out / "position.png")

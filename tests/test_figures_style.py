@@ -1,0 +1,151 @@
+"""Every figure compares: one colour and marker per row, no pale colour, labels that name
+the quantity drawn, ticks that cover the data, and every text inside the canvas.
+
+The lab's figures are drawn from a synthetic ``results.json`` (two seeds, or one for the
+``--quick`` title); the gallery's figures at small sizes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import matplotlib
+import pytest
+
+from posenc.lab import plots
+from posenc.palette import ENCODING_STYLES, MIN_CONTRAST, VARIANT_STYLES, contrast, style, styles
+
+matplotlib.use("Agg")
+
+LENS = [32, 64, 128]
+LABELS = [
+    "nope", "sinusoidal", "learned", "learned +interpolate", "rope", "rope +linear",
+    "rope +ntk", "rope +dynamic", "rope +dynamic +decoded", "rope +yarn", "rope +yarn +hf",
+    "rope +ft", "rope +linear +ft", "alibi", "t5",
+]  # fmt: skip
+BINS = 8
+
+
+def _results(seeds: int = 2) -> dict:
+    """A text sweep: perplexity rising with length (7..60), the learned table without a
+    value past its rows at 128, and per-position losses at the longest length."""
+    runs = []
+    for seed in range(seeds):
+        rows = []
+        for i, label in enumerate(LABELS):
+            results = {}
+            for j, n in enumerate(LENS):
+                if label == "learned" and n == LENS[-1]:
+                    continue
+                ppl = 7.0 + 2.5 * i + 8.0 * j + 0.3 * seed
+                results[str(n)] = {"ppl": ppl, "loss": math.log(ppl)}
+            last = results.get(str(LENS[-1]))
+            if last is not None:
+                last["position_loss"] = [math.log(6.0 + i + b) for b in range(BINS)]
+            kind = "trained" if "+" not in label else "scaling"
+            rows.append({"label": label, "kind": kind, "results": results})
+        runs.append({"encoding": LABELS[0], "seed": seed, "status": "ok", "rows": rows})
+    config = {"eval_lens": LENS, "train_len": 32, "task": "lm"}
+    return {"config": config, "metric": "ppl", "seeds": list(range(seeds)), "runs": runs}
+
+
+@pytest.fixture
+def lab_figures(monkeypatch, tmp_path):
+    """``draw(results) -> {file name: Figure}``, the figures as ``draw_all`` saves them."""
+    drawn = {}
+    save = plots._save
+
+    def keep(fig, path):
+        fig.canvas.draw()
+        drawn[path.name] = fig
+        return save(fig, path)
+
+    monkeypatch.setattr(plots, "_save", keep)
+
+    def draw(results):
+        drawn.clear()
+        plots.draw_all(results, tmp_path)
+        return dict(drawn)
+
+    return draw
+
+
+def _rows(ax) -> dict[str, tuple[str, str]]:
+    """Legend entry -> (colour, marker) of its data line."""
+    handles, labels = ax.get_legend_handles_labels()
+    out = {}
+    for handle, label in zip(handles, labels, strict=True):
+        line = handle.lines[0] if hasattr(handle, "lines") else handle
+        out[label] = (matplotlib.colors.to_hex(line.get_color()), line.get_marker())
+    return out
+
+
+def _texts_inside(fig, *, tight: bool) -> None:
+    """Every visible text inside the saved canvas: the figure, or with ``tight`` (the lab
+    saves with ``bbox_inches="tight"``) the box around its contents."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    canvas = fig.get_tightbbox(renderer).transformed(fig.dpi_scale_trans) if tight else fig.bbox
+    for text in fig.findobj(matplotlib.text.Text):
+        if text.get_visible() and text.get_text().strip():
+            box = text.get_window_extent(renderer)
+            assert canvas.x0 - 1 <= box.x0 and box.x1 <= canvas.x1 + 1, text.get_text()
+            assert canvas.y0 - 1 <= box.y0 and box.y1 <= canvas.y1 + 1, text.get_text()
+
+
+def _data_range(ax) -> tuple[float, float]:
+    """The lowest and highest y of every line in data coordinates (error-bar caps too)."""
+    ys = [
+        y
+        for line in ax.get_lines()
+        if line.get_transform().contains_branch(ax.transData)
+        for y in line.get_ydata()
+    ]
+    return min(ys), max(ys)
+
+
+def test_palette_colours_are_not_pale_and_rows_are_distinct():
+    for color, _ in [*ENCODING_STYLES.values(), *VARIANT_STYLES.values()]:
+        assert contrast(color) >= MIN_CONTRAST, color
+    looks = [style(label) for label in LABELS]
+    assert len({(s.color, s.marker) for s in looks}) == len(LABELS)
+    assert all(contrast(s.color) >= MIN_CONTRAST for s in looks)
+    many = styles([*LABELS, "rope +yarn +hf +ft", "rope +ft +yarn +hf"])  # may collide
+    assert len({(s.color, s.marker) for s in many.values()}) == len(many)
+
+
+def test_lab_length_figure_compares(lab_figures):
+    fig = lab_figures(_results())["perplexity.png"]
+    ax = fig.axes[0]
+    rows = _rows(ax)
+    assert len(rows) == len(LABELS) and len(set(rows.values())) == len(LABELS)
+    assert all(contrast(color) >= MIN_CONTRAST for color, _ in rows.values())
+    assert "learned (n/a at 128)" in rows  # said in the legend ...
+    assert not any("n/a" in t.get_text() for t in ax.texts)  # ... not in the data area
+    assert "perplexity" in ax.get_ylabel() and "length" in ax.get_xlabel()
+    low, high = _data_range(ax)
+    ticks = [t for t in ax.get_yticks() if ax.get_ylim()[0] <= t <= ax.get_ylim()[1]]
+    assert min(ticks) <= low and max(ticks) >= high, (ticks, low, high)
+    assert "95% interval over 2 seeds" in ax.get_title()
+    _texts_inside(fig, tight=True)
+
+
+def test_lab_position_figure_compares(lab_figures):
+    fig = lab_figures(_results())["position.png"]
+    ax = fig.axes[0]
+    rows = _rows(ax)
+    assert len(set(rows.values())) == len(rows) == len(LABELS) - 1  # learned: no value
+    title = ax.get_title()
+    assert "perplexity" in title and "loss" not in title and "perplexity" in ax.get_ylabel()
+    low, high = _data_range(ax)
+    ticks = [t for t in ax.get_yticks() if ax.get_ylim()[0] <= t <= ax.get_ylim()[1]]
+    assert min(ticks) <= low and max(ticks) >= high, (ticks, low, high)
+    _texts_inside(fig, tight=True)
+
+
+def test_one_seed_claims_no_interval(lab_figures):
+    figures = lab_figures(_results(seeds=1))
+    title = figures["perplexity.png"].axes[0].get_title()
+    assert "one seed, no interval" in title and "95" not in title
+    assert "one seed" in figures["position.png"].axes[0].get_title()
