@@ -5,6 +5,7 @@ second corpus and the fixed plot styles."""
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import statistics
 
@@ -15,12 +16,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch import Tensor, nn
 
-from posenc import t5_relative_position_bucket
+import posenc.lab.runs
+import posenc.lab.workload
+from posenc import cli, t5_relative_position_bucket
 from posenc.lab import LabConfig, Task, TinyLM
 from posenc.lab.corpus import FORTUNES, load_corpus
 from posenc.lab.distributed import Context
 from posenc.lab.evaluate import perplexity, window_starts
 from posenc.lab.model import LEARNED_STD, seeded_model
+from posenc.lab.runs import CHECK_STREAM
 from posenc.lab.stats import Cell, Row, chain, paired_wins, t_quantile
 from posenc.lab.tasks import DEPTHS
 from posenc.lab.variants import build_encoding, variants
@@ -253,3 +257,32 @@ def test_bench_lab_measures_every_default_encoding():
         assert list(group.stats) == want and group.floor == "nope"
         rates = group.info["tokens_per_second"]
         assert set(rates) == set(want) and all(r > 0 for r in rates.values())
+
+
+def test_stopping_checks_score_their_own_examples(tmp_path, monkeypatch):
+    seen: list[tuple[int, int]] = []
+    real = posenc.lab.workload.accuracy
+
+    def spy(model, task, length, *, seed, **options):
+        seen.append((length, seed))
+        return real(model, task, length, seed=seed, **options)
+
+    monkeypatch.setattr(posenc.lab.workload, "accuracy", spy)
+    options = ["--task", "copy", "--encodings", "alibi", "--train-len", "8", "--eval-lens", "8",
+               "16", "--steps", "8", "--max-steps", "16", "--d-model", "16", "--heads", "2",
+               "--eval-examples", "8", "--threads", "1", "--no-progress", "--seeds", "1",
+               "--seed", "3"]  # fmt: skip
+    assert cli.main(["lab", *options, "--out", str(tmp_path)]) == 0
+    run = json.loads((tmp_path / "results.json").read_text())["runs"][0]
+    checks = [seed for length, seed in seen if seed != 3]
+    assert checks and set(checks) == {CHECK_STREAM + 3}  # never the reported examples
+    assert {length for length, seed in seen if seed == 3} == {8, 16}  # the columns
+    assert len(checks) == len(run["train"]["checks"])
+    assert run["learned"] == (run["train"]["checks"][-1][1] >= posenc.lab.runs.LEARNED)
+
+
+def test_chain_of_a_length_without_values_is_empty():
+    # every run unlearned: rows exist but no cell has a value
+    row = Row("alibi", {"16": Cell({0: None, 1: None})})
+    assert chain([row], "16", higher=True) == []
+    assert chain([], "16", higher=False) == []

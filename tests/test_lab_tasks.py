@@ -118,7 +118,6 @@ def test_a_task_learned_in_a_later_round_stops_there(capped, tmp_path, monkeypat
     run = run_of(tmp_path)
     assert run["learned"] is True and run["steps_to_learn"] == run["train"]["steps"] == step
     assert run["train"]["checks"] == checks[: k + 1] and step < 240
-    assert run["rows"][0]["results"]["16"]["accuracy"] == score  # the check's examples
     assert f"Steps to learn: rope (seed 0) {step}." in (tmp_path / "report.md").read_text()
 
 

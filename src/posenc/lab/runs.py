@@ -9,11 +9,13 @@ protocol: the model fine-tuned at ``finetune_len`` unscaled (``+ft``) and under 
 every row evaluated at every length.
 
 A synthetic task trains until it is learned in distribution: past ``steps``, in rounds of
-``steps / ROUNDS`` steps, until its exact match at the training length, on the held-out
-examples the final evaluation scores at that length (fixed by the seed, never the
-training batches), reaches ``LEARNED``, or until ``max_steps``. The record keeps
-``steps_to_learn`` (``None`` at the cap) and every check in ``train.checks``; a task not
-learned is marked ``"learned": false`` and reported as such, never as a result. After
+``steps / ROUNDS`` steps, until its exact match at the training length reaches
+``LEARNED``, or until ``max_steps``. The check scores its own examples (seed
+``CHECK_STREAM + seed``), never those of the report's columns nor the training batches,
+so the decision to stop is not made on the numbers reported. The record keeps
+``steps_to_learn`` (``None`` at the cap) and every check in ``train.checks``; a task whose
+last check is below ``LEARNED`` is marked ``"learned": false`` and reported as such,
+never as a result. After
 each round the training state is saved atomically to ``runs/<stem>.round.pt`` (removed
 when the run finishes), so an interrupted run resumes from its last round, bit for bit.
 """
@@ -38,10 +40,12 @@ from posenc.lab.train import NonFiniteLoss, Until, train
 from posenc.lab.variants import Variant, build_encoding, is_rotary, variants
 from posenc.lab.workload import Workload
 
-__all__ = ["LEARNED", "ROUNDS", "Runner", "run_name"]
+__all__ = ["CHECK_STREAM", "LEARNED", "ROUNDS", "Runner", "run_name"]
 
 #: Past ``steps``, a task's exact match is checked every ``steps // ROUNDS`` steps.
 ROUNDS = 4
+#: The stopping checks score the examples of seed ``CHECK_STREAM + seed``.
+CHECK_STREAM = 1 << 20
 
 
 def run_name(encoding: str, seed: int) -> str:
@@ -165,7 +169,8 @@ class Runner:
         checks: list[list[float]] = []  # [step, exact match at the training length]
 
         def check(step: int) -> bool:
-            checks.append([step, self.work.evaluate(model, config.train_len, seed)["accuracy"]])
+            score = self.work.evaluate(model, config.train_len, CHECK_STREAM + seed)
+            checks.append([step, score["accuracy"]])
             return checks[-1][1] >= LEARNED
 
         def save(snapshot: dict) -> None:
@@ -227,8 +232,7 @@ class Runner:
                 self._finetuned(name, model, v.label, v.options, seed) for v in _tuned(name, config)
             ]
         if self.work.metric == "accuracy":
-            at_train = base["results"][str(config.train_len)]
-            record["learned"] = at_train is not None and at_train["accuracy"] >= LEARNED
+            record["learned"] = bool(checks) and checks[-1][1] >= LEARNED  # the check set
             record["steps_to_learn"] = result.steps if record["learned"] else None
         record.update(
             status="ok",

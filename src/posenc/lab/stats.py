@@ -115,6 +115,8 @@ def chain(
         if r.cells[length].mean is not None
         and not (train_len and int(length) <= train_len and r.kind in derived)
     ]
+    if not ranked:  # e.g. no run learned its task
+        return []
     ranked.sort(key=lambda r: r.cells[length].mean, reverse=higher)
     out = []
     for here, after in zip(ranked, [*ranked[1:], None], strict=True):
