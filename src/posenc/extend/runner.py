@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from pathlib import Path
 
@@ -221,6 +222,7 @@ def run_extend(
         "attention": getattr(model.config, "_attn_implementation", None),
     }
     data = {"source": corpus.source, "sha256": corpus.sha256, "tokens": int(tokens.numel())}
+    out = Path(os.path.abspath(out))  # "." and "dir/" have a name for <out>.partial
     work = prepare(out, identity_fields)
     cells = _finished(work, identity)
     todo = [(s, n) for s in settings for n in config.eval_lens if (s.label, n) not in cells]
