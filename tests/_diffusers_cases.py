@@ -12,6 +12,8 @@ returns what the model uses for the image/video tokens:
 * ``("complex", freqs)``: ``[N, D/2]`` unit complex numbers, rotated as complex pairs;
 * ``("matrix", m)``: ``[N, D/2, 2, 2]`` rotation matrices, rotated by HiDream's ``apply_rope``;
 * ``("rotate", fn)``: no table, only the model's own rotation ``fn(x [B, H, N, D])``.
+
+A table may carry the model's own rotation as a last element ``fn(x [B, H, N, D])``.
 * ``("table", table)``: an ``[N, C]`` sin-cos table added to the patch embeddings.
 """
 
@@ -45,9 +47,11 @@ from diffusers.models.transformers import (
     transformer_krea2,
     transformer_longcat_image,
     transformer_lumina2,
+    transformer_minimax_h3,
     transformer_motif_video,
     transformer_nucleusmoe_image,
     transformer_ovis_image,
+    transformer_prx,
     transformer_qwenimage,
     transformer_qwenimage21,
     transformer_sana_video,
@@ -219,6 +223,24 @@ def _ideogram4(config, grid):
     )
     cos, sin = module((grid_positions(*grid) + IMAGE_POSITION_OFFSET)[None])
     return "real_half", cos[0], sin[0]
+
+
+def _minimax_h3(config, grid):
+    module = transformer_minimax_h3.MiniMaxH3RotaryPosEmbed(
+        config["rope_freq_dim"], config["rope_theta"]
+    )
+    cos, sin = module(grid_positions(*grid))
+
+    def rotate(x):  # the model's own partial rotation
+        out = transformer_minimax_h3._apply_rotary_emb(x.transpose(1, 2), cos, sin)
+        return out.transpose(1, 2)
+
+    return "real_half", cos, sin, rotate
+
+
+def _prx(config, grid):
+    module = transformer_prx.PRXEmbedND(16, config["theta"], list(config["axes_dim"]))
+    return "matrix", module(grid_positions(*grid)[None, :, 1:].float())[0, 0]
 
 
 def _kandinsky(module_cls):
@@ -438,6 +460,11 @@ ROPE_CASES = [
         (2, 3, 4), _z_image,
     ),
     Case(
+        "MiniMaxH3Transformer3DModel",
+        {"attention_head_dim": 16, "rope_freq_dim": 2, "rope_theta": 10000.0},
+        (2, 3, 4), _minimax_h3,
+    ),
+    Case(
         "Kandinsky5Transformer3DModel", {"axes_dims": (4, 6, 6), "scale_factor": (1.0, 2.0, 2.0)},
         (2, 3, 4), _kandinsky(transformer_kandinsky.Kandinsky5RoPE3D),
     ),
@@ -488,6 +515,11 @@ ROPE_CASES = [
         "Ideogram4Transformer2DModel",
         {"attention_head_dim": 32, "rope_theta": 10000, "mrope_section": (4, 3, 3)},
         (1, 3, 4), _ideogram4,
+    ),
+    Case(
+        "PRXTransformer2DModel",
+        {"hidden_size": 32, "num_heads": 2, "axes_dim": (6, 10), "theta": 10000},
+        (1, 4, 3), _prx,
     ),
     Case("GlmImageTransformer2DModel", {"attention_head_dim": 16}, (1, 4, 5), _glm_image),
     Case(

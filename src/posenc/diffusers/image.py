@@ -6,6 +6,7 @@ Shapes: ``D`` head_dim, ``C`` d_model, ``H x W`` patches, ``N = H W`` image toke
   ``(t, y, x)`` (``axes_dims_rope``, e.g. ``(16, 56, 56)``), adjacent pairs, theta 10000
   (Flux.2, Flux.3 and Krea 2 read ``rope_theta``; Flux.2 adds a fourth axis); HiDream-I1
   builds the same angles as 2x2 rotation matrices.
+* PRX: the same blocks on ``(y, x)`` (``axes_dim``, ``theta``), as 2x2 matrices.
 * Qwen-Image (Qwen team 2025, sec. 2.3, "MSRoPE") uses Flux's blocks at centred rows and
   columns; its text continues on the diagonal from ``max(H//2, W//2)``.
 * Lumina-Image 2.0 and Z-Image place the image after the caption on axis 0, Bria FIBO 2
@@ -102,6 +103,12 @@ def _centred_after_caption(config: Config, frames: int, height: int, width: int)
     centred (``caption_length``, a key of the call, default 0)."""
     index = int(config.get("caption_length", 0))
     return centred_positions(frames, height, width, index=index)
+
+
+def _prx(config: Config) -> AxialRope:
+    width = int(need(config, "hidden_size")) // int(need(config, "num_heads"))
+    dims = config.get("axes_dim") or (32, 32)  # the model's default when the config has none
+    return axes_rope(width, dims, need(config, "theta"))
 
 
 def _hunyuan_dit(config: Config) -> AxialRope:
@@ -212,6 +219,10 @@ IMAGE_FAMILIES: tuple[Family, ...] = (
         "Flux2Transformer2DModel Flux3Transformer2DModel Krea2Transformer2DModel "
         "BriaFiboTransformer2DModel",
         _flux2, _ids, "Flux2PosEmbed, Flux3PosEmbed, Krea2RotaryPosEmbed",
+    ),
+    row(
+        "PRX axes RoPE (rows, columns)", "PRXTransformer2DModel", _prx, _rows_columns,
+        "PRXEmbedND (2x2 matrices)",
     ),
     row(
         "Qwen-Image MSRoPE", "QwenImageTransformer2DModel NucleusMoEImageTransformer2DModel",

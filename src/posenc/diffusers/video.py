@@ -13,6 +13,9 @@ RoPE here rotates one block of features per axis ``(t, y, x)``, adjacent pairs:
 * Kandinsky 5 and 6: ``axes_dims`` (``D`` their sum), theta 10000, as 2x2 matrices, at
   the grid divided by the pipeline's per-axis ``scale_factor``; the video tokens only (the
   1-D text and audio RoPE beside them are plain ``RotaryEmbedding``);
+* MiniMax-H3: three blocks of ``2 rope_freq_dim`` features with the same frequencies,
+  half-split over the rotated ``6 rope_freq_dim`` features, the rest unrotated, at the
+  ``(t, y, x)`` the caller passes (here the grid);
 * CogVideoX (Yang et al. 2024, sec. 2.2, 3-D RoPE): blocks ``(D/4, 3D/8, 3D/8)``, theta
   10000, at the fractional coordinates of the video's crop in the ``sample_height x
   sample_width`` canvas (CogVideoX 1.5, with ``patch_size_t``: the integer grid);
@@ -95,6 +98,14 @@ def _kandinsky_positions(config: Config, frames: int, height: int, width: int) -
     return grid_positions(frames, height, width).double() / scale
 
 
+def _minimax_h3(config: Config) -> AxialRope:
+    """Three blocks of ``2 F`` features sharing one set of ``F`` frequencies, laid out
+    half-split over the ``6 F`` rotated features (``rope_freq_dim`` ``F``); the rest pass."""
+    size = 2 * int(need(config, "rope_freq_dim"))
+    base = float(need(config, "rope_theta"))
+    return AxialRope(head_dim(config), base=base, axis_order=(0, 1, 2), axis_dim=size)
+
+
 def _cogvideox_dims(width: int) -> tuple[int, int, int]:
     return width // 4, width // 8 * 3, width // 8 * 3
 
@@ -158,6 +169,10 @@ VIDEO_FAMILIES: tuple[Family, ...] = (
         "Kandinsky 3-D RoPE",
         "Kandinsky5Transformer3DModel Kandinsky6Transformer3DModel Kandinsky6SRTransformer3DModel",
         _kandinsky, _kandinsky_positions, "Kandinsky5RoPE3D, Kandinsky6RoPE3D (2x2 matrices)",
+    ),
+    row(
+        "MiniMax-H3 3-D RoPE", "MiniMaxH3Transformer3DModel", _minimax_h3, _video,
+        "MiniMaxH3RotaryPosEmbed",
     ),
     row("Helios 3-D RoPE", "HeliosTransformer3DModel", _helios, _video, "HeliosRotaryPosEmbed"),
     row(
