@@ -8,8 +8,21 @@ python3 -m venv .venv
 . .venv/bin/activate
 python -m pip install --quiet --upgrade pip
 if ! python -c "import torch" 2>/dev/null; then
-  # The CPU wheel; elsewhere add: --index-url https://download.pytorch.org/whl/cpu
-  python -m pip install --quiet "torch==2.13.0" ${POSENC_TORCH_INDEX:+--index-url "$POSENC_TORCH_INDEX"}
+  # From the index the user names (POSENC_TORCH_INDEX, e.g. https://download.pytorch.org/whl/cpu),
+  # else the registry's own wheel, which is the CPU build on macOS and Windows but a CUDA build
+  # on Linux x86-64 (the check below then stops and says what to set).
+  python -m pip install --quiet -c requirements/pinned.txt "torch==2.13.0" \
+    ${POSENC_TORCH_INDEX:+--index-url "$POSENC_TORCH_INDEX"}
+fi
+# Without a GPU the set-up wants a CPU build of torch: check what is installed.
+if ! command -v nvidia-smi >/dev/null && [ ! -e /dev/kfd ]; then
+  python -c "
+import sys, torch
+if torch.version.cuda or torch.version.hip:
+    sys.exit(f'setup: no GPU here, but torch {torch.__version__} is a GPU build; remove .venv and '
+             'rerun with POSENC_TORCH_INDEX=https://download.pytorch.org/whl/cpu')
+print(f'setup: torch {torch.__version__} is a CPU build')
+"
 fi
 # The tested set (requirements/pinned.txt): the same versions on every machine, whatever is
 # released tomorrow; .ci/run also tests the newest and the oldest supported transformers.
@@ -21,7 +34,8 @@ if [ ! -d /usr/share/games/fortunes ] && command -v apt-get >/dev/null && [ "$(i
     || (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq fortunes >/dev/null 2>&1)) \
     || echo "setup: could not install Debian's fortunes package (posenc lab --corpus fortunes needs it)"
 fi
-# The compiled CPU RoPE kernel (a few seconds with g++); without it apply_rope runs its
-# PyTorch path, and `posenc --version` says so.
+# The compiled CPU RoPE kernel, built now rather than on first use (about 10 s with a C++
+# compiler and ninja, into ~/.cache/posenc); without one apply_rope runs its PyTorch path,
+# and `posenc --version` says so.
 python -m posenc.encodings.rotary.build_kernel || true
 python -c "import torch, posenc; print('posenc', posenc.__version__, 'torch', torch.__version__)"
