@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from diffusers.models import embeddings as E
 from diffusers.models.transformers import (
+    transformer_anyflow,
     transformer_bria,
     transformer_bria_fibo,
     transformer_bria_fibo2,
@@ -243,6 +244,18 @@ def _prx(config, grid):
     return "matrix", module(grid_positions(*grid)[None, :, 1:].float())[0, 0]
 
 
+def _anyflow(config, grid):
+    f, h, w = grid
+    module = transformer_anyflow.AnyFlowRotaryPosEmbed(config["attention_head_dim"], (1, 2, 2), 32)
+    layout = {"total_frames": f, "full_frame_shape": (h, w)}
+    freqs = module(layout, torch.device("cpu"))["query"]
+
+    def rotate(x):  # the model's own complex rotation (float64)
+        return transformer_anyflow.apply_rotary_emb(x, freqs)
+
+    return "complex", freqs[0, 0], rotate
+
+
 def _kandinsky(module_cls):
     def reference(config, grid):
         f, h, w = grid
@@ -412,6 +425,7 @@ ROPE_CASES = [
         {"dim": 24, "num_heads": 2, "rope_offsets": (3, 1, 2), "rope_stride": 2},
         (3, 2, 4), _wan_animate2,
     ),
+    Case("AnyFlowTransformer3DModel", {"attention_head_dim": 12}, (2, 3, 4), _anyflow),
     Case(
         "SanaVideoTransformer3DModel", {"attention_head_dim": 12}, (2, 3, 3),
         _wan(transformer_sana_video.WanRotaryPosEmbed),

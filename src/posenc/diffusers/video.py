@@ -148,7 +148,7 @@ VIDEO_FAMILIES: tuple[Family, ...] = (
     row(
         "Wan 3-D RoPE",
         "WanTransformer3DModel WanVACETransformer3DModel WanAnimateTransformer3DModel "
-        "SanaVideoTransformer3DModel SkyReelsV2Transformer3DModel",
+        "SanaVideoTransformer3DModel SkyReelsV2Transformer3DModel AnyFlowTransformer3DModel",
         _wan, _video, "WanRotaryPosEmbed and its copies",
     ),
     row(
