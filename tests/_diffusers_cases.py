@@ -20,6 +20,7 @@ A table may carry the model's own rotation as a last element ``fn(x [B, H, N, D]
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -42,6 +43,8 @@ from diffusers.models.transformers import (
     transformer_hunyuan_video15,
     transformer_hunyuanimage,
     transformer_ideogram4,
+    transformer_joyimage,
+    transformer_joyimage_edit_plus,
     transformer_kandinsky,
     transformer_kandinsky6,
     transformer_kandinsky6_sr,
@@ -254,6 +257,25 @@ def _anyflow(config, grid):
         return transformer_anyflow.apply_rotary_emb(x, freqs)
 
     return "complex", freqs[0, 0], rotate
+
+
+def _joy_settings(config):
+    keys = ("hidden_size", "num_attention_heads", "rope_dim_list", "theta")
+    return SimpleNamespace(**{key: config[key] for key in keys})
+
+
+def _joyimage(config, grid):
+    """The model's own ``get_rotary_pos_embed`` (it reads four config fields from ``self``)."""
+    (cos, sin), _ = transformer_joyimage.JoyImageEditTransformer3DModel.get_rotary_pos_embed(
+        _joy_settings(config), list(grid)
+    )
+    return "real", cos, sin
+
+
+def _joyimage_plus(config, grid):
+    model = SimpleNamespace(config=_joy_settings(config))
+    cls = transformer_joyimage_edit_plus.JoyImageEditPlusTransformer3DModel
+    return ("real", *cls._get_rotary_pos_embed_for_range(model, (0, 0, 0), grid))
 
 
 def _kandinsky(module_cls):
@@ -477,6 +499,16 @@ ROPE_CASES = [
         "MiniMaxH3Transformer3DModel",
         {"attention_head_dim": 16, "rope_freq_dim": 2, "rope_theta": 10000.0},
         (2, 3, 4), _minimax_h3,
+    ),
+    Case(
+        "JoyImageEditTransformer3DModel",
+        {"hidden_size": 32, "num_attention_heads": 2, "rope_dim_list": [4, 6, 6], "theta": 256},
+        (2, 3, 4), _joyimage,
+    ),
+    Case(
+        "JoyImageEditPlusTransformer3DModel",
+        {"hidden_size": 32, "num_attention_heads": 2, "rope_dim_list": [4, 6, 6], "theta": 256},
+        (1, 4, 3), _joyimage_plus,
     ),
     Case(
         "Kandinsky5Transformer3DModel", {"axes_dims": (4, 6, 6), "scale_factor": (1.0, 2.0, 2.0)},

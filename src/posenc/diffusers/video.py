@@ -13,6 +13,8 @@ RoPE here rotates one block of features per axis ``(t, y, x)``, adjacent pairs:
 * Kandinsky 5 and 6: ``axes_dims`` (``D`` their sum), theta 10000, as 2x2 matrices, at
   the grid divided by the pipeline's per-axis ``scale_factor``; the video tokens only (the
   1-D text and audio RoPE beside them are plain ``RotaryEmbedding``);
+* JoyImage-Edit: ``rope_dim_list`` / ``theta`` (256) like HunyuanVideo (Edit-Plus puts each
+  reference after the target on the frame axis);
 * MiniMax-H3: three blocks of ``2 rope_freq_dim`` features with the same frequencies,
   half-split over the rotated ``6 rope_freq_dim`` features, the rest unrotated, at the
   ``(t, y, x)`` the caller passes (here the grid);
@@ -106,6 +108,12 @@ def _minimax_h3(config: Config) -> AxialRope:
     return AxialRope(head_dim(config), base=base, axis_order=(0, 1, 2), axis_dim=size)
 
 
+def _joyimage(config: Config) -> AxialRope:
+    width = int(need(config, "hidden_size")) // int(need(config, "num_attention_heads"))
+    dims = config.get("rope_dim_list") or (width // 3,) * 3
+    return axes_rope(width, dims, need(config, "theta"))
+
+
 def _cogvideox_dims(width: int) -> tuple[int, int, int]:
     return width // 4, width // 8 * 3, width // 8 * 3
 
@@ -173,6 +181,12 @@ VIDEO_FAMILIES: tuple[Family, ...] = (
     row(
         "MiniMax-H3 3-D RoPE", "MiniMaxH3Transformer3DModel", _minimax_h3, _video,
         "MiniMaxH3RotaryPosEmbed",
+    ),
+    row(
+        "JoyImage 3-D RoPE",
+        "JoyImageEditTransformer3DModel JoyImageEditPlusTransformer3DModel",
+        _joyimage, _video,
+        "get_rotary_pos_embed, _get_rotary_pos_embed_for_range",
     ),
     row("Helios 3-D RoPE", "HeliosTransformer3DModel", _helios, _video, "HeliosRotaryPosEmbed"),
     row(
