@@ -390,6 +390,19 @@ def _patch_embed(config, grid):
     return "table", (out[0] - embed.proj.bias).double()
 
 
+def _cogview3plus(config, grid):
+    """CogView3PlusPatchEmbed's image rows: its output on zeros less the projection's bias."""
+    _, h, w = grid
+    width = config["attention_head_dim"] * config["num_attention_heads"]
+    embed = E.CogView3PlusPatchEmbed(
+        in_channels=4, hidden_size=width, patch_size=2, text_hidden_size=8,
+        pos_embed_max_size=config["pos_embed_max_size"],
+    )  # fmt: skip
+    with torch.no_grad():
+        out = embed(torch.zeros(1, 4, 2 * h, 2 * w), torch.zeros(1, 3, 8))
+    return "table", (out[0, 3:] - embed.proj.bias).double()
+
+
 FLUX = {"attention_head_dim": 16, "axes_dims_rope": (4, 6, 6)}
 HUNYUAN = {"attention_head_dim": 16, "rope_axes_dim": (4, 6, 6), "rope_theta": 256.0}
 ROPE_CASES = [
@@ -612,6 +625,11 @@ TABLE_CASES = [
         {"_kind": "pixart", "attention_head_dim": 8, "num_attention_heads": 2,
          "sample_size": 128, "patch_size": 2, "interpolation_scale": None},
         (1, 3, 5), _patch_embed, "patches",
+    ),
+    Case(
+        "CogView3PlusTransformer2DModel",
+        {"attention_head_dim": 8, "num_attention_heads": 2, "pos_embed_max_size": 10},
+        (1, 4, 6), _cogview3plus,
     ),
     Case(
         "SD3Transformer2DModel",

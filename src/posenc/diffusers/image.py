@@ -20,8 +20,9 @@ Shapes: ``D`` head_dim, ``C`` d_model, ``H x W`` patches, ``N = H W`` image toke
 * Ideogram 4: Qwen3-VL's interleaved M-RoPE (``posenc.MRoPE``, positions ``[3, N]``), the
   image at ``(0, y, x)`` shifted by 65536.
 * DiT (Peebles & Xie 2023), PixArt-α (Chen et al. 2023) and SD3 (Esser et al. 2024) add
-  a 2-D sin-cos table (``GridSinCos``); Sana (Xie et al. 2024) has none (``NoPE``) unless
-  its config sets ``interpolation_scale``.
+  a 2-D sin-cos table (``GridSinCos``; CogView3-Plus reads the top-left of a
+  ``pos_embed_max_size`` table at integer rows and columns); Sana (Xie et al. 2024) has
+  none (``NoPE``) unless its config sets ``interpolation_scale``.
 """
 
 from __future__ import annotations
@@ -271,6 +272,11 @@ IMAGE_FAMILIES: tuple[Family, ...] = (
     row(
         "Sana: NoPE, or a 2-D sin-cos table", "SanaTransformer2DModel", _sana, _sana_positions,
         "PatchEmbed (pos_embed_type None or sincos)",
+    ),
+    row(
+        "CogView3-Plus 2-D sin-cos table (top-left of the max table)",
+        "CogView3PlusTransformer2DModel", _sincos_2d, _rows_columns,
+        "CogView3PlusPatchEmbed",
     ),
     row(
         "PixArt 2-D sin-cos table", "PixArtTransformer2DModel", _sincos_2d, _pixart_positions,
