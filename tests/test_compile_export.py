@@ -11,18 +11,16 @@ Shapes: ``B`` batch, ``T`` length, ``C`` d_model.
   for any length; the chunked backend's loop over query blocks specializes the length
   to at most ``block_size``) and RoPE.
 
-Expected failures (strict): RoPE and xPos, whose rotation (``posenc.apply_rope``) goes
-through the memory-traffic fast path: ``fastpath.empty_like`` calls ``madvise`` through
-ctypes and ``_complex_view`` reads ``storage_offset()``/strides, neither of which Dynamo
-can trace; export additionally specializes the length through the chunk sizes. With a
-plain rotation in its place the rest of RoPE captures and exports (checked by hand).
+RoPE on CPU tensors is one node in the captured graph, the custom op ``posenc::rope``
+(its fake implementation gives the shapes, its autograd formula the backward), so the
+captured and exported graphs run the eager kernel and match eager bit for bit.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from torch._dynamo.testing import CompileCounter
+from torch._dynamo.testing import CompileCounter, EagerAndRecordGraphs
 from torch._dynamo.utils import counters
 
 import posenc
@@ -123,3 +121,23 @@ def test_export_with_a_dynamic_length(name, backend, longest):
     for n in (5, 9, 33):
         x = _inputs(n)
         torch.testing.assert_close(exported(x), layer(x), **tolerances(torch.float32, ops=64))
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_rope_is_one_custom_op_node_forward_and_backward(interleaved):
+    """``MultiHeadAttention`` with RoPE compiles whole with ``posenc::rope`` in the graph,
+    equal to eager bit for bit, gradients included."""
+    rope = posenc.RotaryEmbedding(C // H, interleaved=interleaved)
+    torch.manual_seed(0)
+    layer = posenc.MultiHeadAttention(C, H, position=rope)
+    graphs = EagerAndRecordGraphs()
+    compiled = torch.compile(layer, backend=graphs, fullgraph=True)
+    x = _inputs(7).requires_grad_(True)
+    out = compiled(x)
+    (grad,) = torch.autograd.grad(out.square().sum(), x)
+    want = layer(x)
+    (want_grad,) = torch.autograd.grad(want.square().sum(), x)
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+    torch.testing.assert_close(grad, want_grad, rtol=0, atol=0)
+    code = "".join(graph.code for graph in graphs.graphs)
+    assert len(graphs.graphs) == 1 and code.count("torch.ops.posenc.rope") == 2  # q and k
