@@ -17,6 +17,7 @@ import math
 from pathlib import Path
 
 from posenc.lab import stats
+from posenc.lab.curves import LEARNING, curves, draw_learning
 from posenc.lab.results import write_bytes
 from posenc.palette import styles
 
@@ -42,6 +43,8 @@ def figure_names(results: dict) -> list[str]:
     names = ["perplexity.png" if results["metric"] == "ppl" else "accuracy.png"]
     if _has_positions(results):
         names.append("position.png")
+    if curves(results):
+        names.append(LEARNING)  # posenc.lab.curves
     return names
 
 
@@ -194,4 +197,6 @@ def draw_all(results: dict, out: Path) -> list[Path]:
     paths = [_length_figure(results, out, plt)]
     if "position.png" in names:
         paths.append(_position_figure(results, out, plt))
+    if LEARNING in names:
+        paths.append(draw_learning(results, out, plt))
     return paths

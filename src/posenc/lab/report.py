@@ -22,6 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 from posenc.lab import stats
+from posenc.lab.curves import budget_sentence
 from posenc.lab.pairwise import Comparison, cell_interval, compare_all, pairwise_lines, unit_rows
 from posenc.lab.plots import figure_names
 
@@ -265,9 +266,9 @@ def markdown(results: dict) -> str:
     precision = _precision(results)
     if precision is not None:
         lines.append(precision)
-    learning = steps_to_learn(results)
-    if learning is not None:
-        lines.append(learning)
+    for sentence in (steps_to_learn(results), budget_sentence(results)):
+        if sentence is not None:
+            lines.append(sentence)
     if "sha256" in data:
         lines.append(
             f"Corpus: {data['source']} ({len(data['train_files'])} training files, "
