@@ -10,10 +10,13 @@ from __future__ import annotations
 import math
 
 import matplotlib
+import matplotlib.lines
+import matplotlib.text
 import pytest
 
 from posenc.lab import plots
 from posenc.palette import ENCODING_STYLES, MIN_CONTRAST, VARIANT_STYLES, contrast, style, styles
+from posenc.viz.gallery import GALLERY, FigureOptions, make_figure
 
 matplotlib.use("Agg")
 
@@ -76,7 +79,8 @@ def _rows(ax) -> dict[str, tuple[str, str]]:
     out = {}
     for handle, label in zip(handles, labels, strict=True):
         line = handle.lines[0] if hasattr(handle, "lines") else handle
-        out[label] = (matplotlib.colors.to_hex(line.get_color()), line.get_marker())
+        if isinstance(line, matplotlib.lines.Line2D):  # not a shaded band
+            out[label] = (matplotlib.colors.to_hex(line.get_color()), line.get_marker())
     return out
 
 
@@ -149,3 +153,65 @@ def test_one_seed_claims_no_interval(lab_figures):
     title = figures["perplexity.png"].axes[0].get_title()
     assert "one seed, no interval" in title and "95" not in title
     assert "one seed" in figures["position.png"].axes[0].get_title()
+
+
+# ----------------------------------------------------------------------------- gallery
+
+SMALL = {"biases": {"length": 12, "heads": 2}, "attention": {"length": 12, "heads": 2}}
+
+
+def _drawn_texts(fig, renderer):
+    """The texts the renderer draws: tick labels only of ticks inside the view."""
+    hidden = set()
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            low, high = sorted(axis.get_view_interval())
+            for tick in [*axis.get_major_ticks(), *axis.get_minor_ticks()]:
+                loc = tick.get_loc()
+                if loc is None or not low - 1e-9 * abs(high - low) <= loc <= high * (1 + 1e-9):
+                    hidden |= {id(tick.label1), id(tick.label2)}
+    return [
+        t
+        for t in fig.findobj(matplotlib.text.Text)
+        if t.get_visible() and t.get_text().strip() and id(t) not in hidden
+    ]
+
+
+@pytest.mark.parametrize("name", sorted(GALLERY))
+def test_gallery_figure_compares(name):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = make_figure(name, FigureOptions(**SMALL.get(name, {})))
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.canvas.draw()
+    for text in _drawn_texts(fig, renderer):  # every text inside the canvas
+        box, canvas = text.get_window_extent(renderer), fig.bbox
+        inside = canvas.x0 - 1 <= box.x0 and box.x1 <= canvas.x1 + 1
+        assert inside and canvas.y0 - 1 <= box.y0 and box.y1 <= canvas.y1 + 1, text.get_text()
+    for ax in fig.axes:
+        rows = {label: look for label, look in _rows(ax).items() if not label.startswith("_")}
+        assert len(set(rows.values())) == len(rows), (ax.get_title(), rows)
+        assert all(contrast(color) >= MIN_CONTRAST for color, _ in rows.values()), rows
+
+
+def test_one_colour_range_for_cosine_similarity():
+    fig = make_figure("similarity", FigureOptions(length=16, dim=8))
+    ranges = {im.get_clim() for ax in fig.axes for im in ax.images if "cosine" in ax.get_title()}
+    assert ranges == {(-1.0, 1.0)}
+
+
+def test_fingerprint_hands_turn_the_way_rope_turns():
+    """Both diagrams turn anticlockwise by the angle: RoPE's pair (1, 0) at angle a is
+    (cos a, sin a); the fingerprint hand of pair 0 at position p points at angle p."""
+    from posenc.viz import diagrams
+
+    a = 0.7
+    rotated = diagrams._rotate((1.0, 0.0), a)
+    assert rotated == pytest.approx([math.cos(a), math.sin(a)])
+    position = 2  # pair 0 turns by p * w_0 = p radians
+    fig = diagrams.fingerprint_diagram(d_model=4, positions=(position,))
+    lines = fig.axes[0].get_lines()
+    hand = next(line for line in lines if line.get_gid() == f"hand-p{position}-i0")
+    (x0, x1), (y0, y1) = hand.get_xdata(), hand.get_ydata()
+    angle = math.atan2(y1 - y0, x1 - x0)
+    assert angle == pytest.approx(position)

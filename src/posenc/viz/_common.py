@@ -24,6 +24,7 @@ from torch import Tensor
 
 from posenc._checks import check_int
 from posenc.base import PositionalEncoding, Site, available, build
+from posenc.palette import ENCODING_STYLES
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -277,17 +278,37 @@ def _as_table(x: Tensor | np.ndarray, name: str) -> np.ndarray:
     return table
 
 
-def heatmap(ax: Axes, values: np.ndarray, *, cmap: str, label: str, symmetric: bool = False):
-    """``imshow`` of ``values`` on ``ax`` with a labelled colorbar; returns the image."""
+def heatmap(
+    ax: Axes,
+    values: np.ndarray,
+    *,
+    cmap: str,
+    label: str,
+    symmetric: bool = False,
+    limits: tuple[float, float] | None = None,
+):
+    """``imshow`` of ``values`` on ``ax`` with a labelled colorbar; returns the image.
+
+    ``limits``: a fixed colour range (a bounded quantity, cosine in [-1, 1], gets one
+    range in every panel); else symmetric about zero with ``symmetric``, else the data's.
+    """
     finite = values[np.isfinite(values)]
     lim = float(np.abs(finite).max()) if symmetric and finite.size else None
+    low, high = limits if limits is not None else (-lim, lim) if lim else (None, None)
     image = ax.imshow(
-        values,
-        aspect="auto",
-        cmap=cmap,
-        interpolation="nearest",
-        vmin=-lim if lim else None,
-        vmax=lim if lim else None,
+        values, aspect="auto", cmap=cmap, interpolation="nearest", vmin=low, vmax=high
     )
     ax.figure.colorbar(image, ax=ax, label=label, shrink=0.9)
     return image
+
+
+def series_styles(count: int) -> list[dict[str, str]]:
+    """``color`` and ``marker`` keywords for ``count`` curves of one panel, all distinct
+    and dark enough on white (``posenc.palette``'s encoding colours, in a fixed order)."""
+    order = ("rope", "sinusoidal", "alibi", "t5", "sandwich", "learned", "shaw", "xpos",
+             "kerple", "fire", "cope", "nope")  # fmt: skip
+    if count > len(order):
+        raise ValueError(f"series_styles has {len(order)} distinct styles, asked for {count}")
+    return [dict(zip(("color", "marker"), ENCODING_STYLES[name], strict=True)) for name in order][
+        :count
+    ]

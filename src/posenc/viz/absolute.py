@@ -24,7 +24,10 @@ import numpy as np
 from torch import Tensor
 
 from posenc import analysis
-from posenc.viz._common import absolute_table, heatmap, new_figure
+from posenc.viz._common import absolute_table, heatmap, new_figure, series_styles
+
+#: One colour range for cosine similarity in every panel and figure (it lies in [-1, 1]).
+COSINE = {"cmap": "RdBu_r", "label": "cosine", "limits": (-1.0, 1.0)}
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -89,7 +92,7 @@ def absolute_panel(
     _stacked(ax_dim, np.arange(length), rows, xlabel="position")
     ax_dim.set_title("a few dimensions across positions")
 
-    heatmap(ax_sim, analysis.cosine_similarity_matrix(table), cmap="viridis", label="cosine")
+    heatmap(ax_sim, analysis.cosine_similarity_matrix(table), **COSINE)
     ax_sim.set(title="cosine similarity of positions", xlabel="position", ylabel="position")
     return fig
 
@@ -98,9 +101,10 @@ def _stacked(ax: Axes, x: np.ndarray, rows: list[tuple[str, np.ndarray]], *, xla
     """Curves one below the other (first on top); each row's zero line is a y tick."""
     scale = max(float(np.abs(y).max()) for _, y in rows) or 1.0
     step = 2.4 * scale
-    for i, (_, y) in enumerate(rows):
+    for i, ((_, y), look) in enumerate(zip(rows, series_styles(len(rows)), strict=True)):
         ax.axhline(-i * step, color="0.75", lw=0.8)
-        ax.plot(x, y - i * step, lw=1.4, marker="." if len(x) <= 60 else None, ms=4)
+        ax.plot(x, y - i * step, lw=1.4, color=look["color"], marker=look["marker"], ms=3,
+                markevery=max(1, len(x) // 12))  # fmt: skip
     ax.set_yticks([-i * step for i in range(len(rows))], [label for label, _ in rows])
     ax.set(xlabel=xlabel, ylabel=f"value (each row spans ±{scale:.2g})")
     ax.grid(axis="x", alpha=0.3)
@@ -132,16 +136,16 @@ def similarity_figure(
         ax_dot.set(xlabel="position", ylabel="position")
         ax_dot.set_title(f"{label}: PE PE^T", fontsize=11)
         cos = analysis.cosine_similarity_matrix(table)
-        heatmap(ax_cos, cos, cmap="viridis", label="cosine")
+        heatmap(ax_cos, cos, **COSINE)
         ax_cos.set(xlabel="position", ylabel="position")
         ax_cos.set_title(f"{label}: cosine similarity", fontsize=11)
         offsets = np.arange(table.shape[0])
         diags = [np.diagonal(cos, k) for k in offsets]
         mean = np.array([d.mean() for d in diags])
-        ax_k.fill_between(
-            offsets, [d.min() for d in diags], [d.max() for d in diags], alpha=0.3, label="min-max"
-        )
-        ax_k.plot(offsets, mean, lw=1.6, label="mean")
+        (look,) = series_styles(1)
+        ax_k.fill_between(offsets, [d.min() for d in diags], [d.max() for d in diags],
+                          color=look["color"], alpha=0.3, label="min-max")  # fmt: skip
+        ax_k.plot(offsets, mean, lw=1.6, label="mean", color=look["color"])
         ax_k.set(xlabel="distance |p1 - p2|", ylabel="cosine similarity")
         ax_k.set_title(f"{label}: cosine by distance", fontsize=11)
         ax_k.legend(loc="upper right", fontsize=9)
@@ -173,16 +177,17 @@ def relative_figure(
     fig = new_figure(13, 4.8)
     ax_err, ax_cons = fig.subplots(1, 2)
     fig.suptitle("relative position: PE[p + k] from PE[p]", fontsize=14)
-    for source in sources:
+    for source, look in zip(sources, series_styles(len(sources)), strict=True):
         table, label = absolute_table(source, d_model=d_model, length=length)
         offsets = np.arange(1, min(max_offset, table.shape[0] - 2) + 1)
         errors = [analysis.relative_position_matrix(table, int(k))[1] for k in offsets]
-        (line,) = ax_err.semilogy(offsets, np.maximum(errors, 1e-17), marker=".", label=label)
+        every = max(1, len(offsets) // 12)
+        ax_err.semilogy(offsets, np.maximum(errors, 1e-17), label=label, ms=4, **look)
         consistency = [analysis.difference_consistency(table, int(k)) for k in offsets]
-        ax_cons.plot(offsets, [c["mean"] for c in consistency], color=line.get_color(), label=label)
-        ax_cons.plot(
-            offsets, [c["min"] for c in consistency], color=line.get_color(), ls="--", lw=1
-        )
+        ax_cons.plot(offsets, [c["mean"] for c in consistency], label=label, ms=4,
+                     markevery=every, **look)  # fmt: skip
+        ax_cons.plot(offsets, [c["min"] for c in consistency], ls="--", lw=1, ms=4,
+                     markevery=every, **look)  # fmt: skip
     ax_err.set(
         title="M_k reconstruction error (sinusoidal M_k)",
         xlabel="offset k",

@@ -148,11 +148,11 @@ def bias_figure(
     if not names:
         raise ValueError("no score-site encoding is registered or named")
     num_heads = check_int("num_heads", num_heads)
-    fig = new_figure(3.0 * num_heads + 0.6, 2.5 * len(names) + 0.9)
+    fig = new_figure(max(8.0, 3.0 * num_heads + 0.6), 2.5 * len(names) + 1.2)  # title fits
     axes = fig.subplots(len(names), num_heads, squeeze=False)
     fig.suptitle(
         f"Attention-logit bias b[i, j] per head, T = {length}, at initialisation (seed 0)\n"
-        "query i (rows) x key j (columns); grey: masked by causality; "
+        "query i (rows) x key j (columns); grey: masked by causality;\n"
         "each panel has its own colour scale",
         fontsize=12,
     )
@@ -237,7 +237,7 @@ def attention_figure(
     columns = len(heads) if len(heads) > 1 else min(4, len(names))
     panels = [(n, h) for n in names for h in heads]
     rows = -(-len(panels) // columns)
-    fig = new_figure(3.3 * columns + 0.4, 2.9 * rows + 0.9)
+    fig = new_figure(max(8.0, 3.3 * columns + 0.4), 2.9 * rows + 0.9)  # the title fits
     axes = fig.subplots(rows, columns, squeeze=False)
     fig.suptitle(
         f"Attention of an untrained MultiHeadAttention (seed 1), all {length} positions holding "

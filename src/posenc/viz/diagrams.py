@@ -7,8 +7,9 @@ in data coordinates; saved as ``.svg`` (``posenc.viz.save_figure``) their parts 
 picture) and their text stays ``<text>``.
 
 * ``fingerprint_diagram``: Vaswani et al. 2017, section 3.5. The pair
-  ``(PE[p, 2i], PE[p, 2i + 1]) = (sin(p w_i), cos(p w_i))`` is the tip of a clock hand
-  turned ``p w_i`` clockwise from 12 o'clock, ``w_i = base^(-2i/C)``; the hand of pair
+  ``(PE[p, 2i], PE[p, 2i + 1]) = (sin(p w_i), cos(p w_i))`` gives the tip
+  ``(cos, sin)`` of a clock hand turned ``p w_i`` anticlockwise from 3 o'clock (the way
+  the RoPE diagram turns its vectors), ``w_i = base^(-2i/C)``; the hand of pair
   ``i`` goes round once every ``2 pi base^(2i/C)`` positions. A row of clocks is the
   fingerprint of one position.
 * ``rope_rotation_diagram``: Su et al. 2021 (RoFormer), section 3.2, eq. 16: the pair of
@@ -98,8 +99,8 @@ def fingerprint_diagram(
             face = Circle((x, y), 1.0, fc="0.97", ec="0.55", lw=1.0)
             face.set_gid(f"clock-p{pos}-i{i}")
             ax.add_patch(face)
-            ax.plot([x, x], [y + 0.85, y + 1.0], color="0.55", lw=1.0)  # 12 o'clock tick
-            tip = pe[row, 2 * i : 2 * i + 2]  # (sin, cos) = (x, y) of the tip
+            ax.plot([x + 0.85, x + 1.0], [y, y], color="0.55", lw=1.0)  # 3 o'clock: angle 0
+            tip = pe[row, 2 * i : 2 * i + 2][::-1]  # (cos, sin) = (x, y): anticlockwise
             (hand,) = ax.plot(
                 [x, x + 0.9 * tip[0]],
                 [y, y + 0.9 * tip[1]],
@@ -124,8 +125,9 @@ def fingerprint_diagram(
     ax.text(
         -1.4,
         ylim[0] + 1.5,
-        "The hand of pair i points at angle p·w_i from 12 o'clock, w_i = base^(-2i/d): its tip "
-        "is (sin, cos) = (PE[p, 2i], PE[p, 2i+1]).\nIt turns once every λ = 2π·base^(2i/d) "
+        "The hand of pair i points at angle p·w_i anticlockwise from 3 o'clock (as RoPE turns), "
+        "w_i = base^(-2i/d): its tip is (cos, sin) = (PE[p, 2i+1], PE[p, 2i]).\n"
+        "It turns once every λ = 2π·base^(2i/d) "
         "positions. Fast hands (left) tell neighbours apart, slow hands (right) tell distant "
         "positions apart;\ntogether they never repeat. Strip: the values from -1 (blue) to "
         "+1 (red).",

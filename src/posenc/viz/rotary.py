@@ -24,7 +24,7 @@ import numpy as np
 from torch import Tensor
 
 from posenc._checks import check_even, check_float, check_int
-from posenc.viz._common import new_figure
+from posenc.viz._common import new_figure, series_styles
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -116,11 +116,15 @@ def rope_decay_figure(
     panels = [(ax_base, [(f"base {b:g}", b, None) for b in bases])]
     panels += [(ax_scale, [(n, base, sc) for n, sc in rope_scalings(factor, original).items()])]
     for ax, curves in panels:
-        for (name, b, scaling), ls in zip(curves, ["-", "--", "-.", ":"] * 2, strict=False):
+        looks = series_styles(len(curves))
+        for (name, b, scaling), ls, look in zip(
+            curves, ["-", "--", "-.", ":"] * 2, looks, strict=False
+        ):
             b = check_float("base", b, positive=True)
             theta, scale = _inv_freq(head_dim, b, scaling, target)
             smooth = rope_decay_bound(theta, spread).mean(axis=-1)
-            ax.plot(centres, smooth, lw=2, ls=ls, label=_label(name, scale))
+            ax.plot(centres, smooth, lw=2, ls=ls, label=_label(name, scale), ms=5, markevery=9,
+                    **look)  # fmt: skip
     ax_base.set_title("default frequencies, several bases")
     ax_scale.set_title(
         f"scalings of base {base:g}: factor s = {factor:g}, trained length L0 = {original}"
@@ -164,9 +168,13 @@ def rope_spectrum_figure(
     )
     default, _ = _inv_freq(head_dim, base, None, target)
     styles = iter(["-", "--", "-.", ":", "-", "--"])
-    for name, scaling in rope_scalings(factor, original).items():
+    scalings = rope_scalings(factor, original)
+    looks = iter(series_styles(len(scalings)))
+    every = max(1, len(pairs) // 10)
+    for name, scaling in scalings.items():
         theta, scale = _inv_freq(head_dim, base, scaling, target)
-        style = {"ls": next(styles), "lw": 2.2 if name == "default" else 1.6}
+        style = {"ls": next(styles), "lw": 2.2 if name == "default" else 1.6, "ms": 5,
+                 "markevery": every, **next(looks)}  # fmt: skip
         ax_wave.semilogy(pairs, 2 * np.pi / theta, label=_label(name, scale), **style)
         ax_ratio.plot(pairs, default / theta, label=name, **style)
     for value, text, ls in ((original, "L0 (trained)", "--"), (target, "s L0 (target)", ":")):
