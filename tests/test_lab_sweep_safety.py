@@ -78,7 +78,9 @@ def test_sizes_past_the_lab_bounds_are_refused_before_any_file(tmp_path, capsys,
 
 
 def test_a_bad_second_setting_is_refused_before_the_first_trains(tmp_path, capsys):
-    for bad in ("steps = -5", 'encodings = ["zzz"]', "layers = 100000"):
+    for bad in ("steps = -5", 'encodings = ["zzz"]', "layers = 100000",
+                f"corpus = {json.dumps(str(tmp_path / 'missing.txt'))}",
+                "eval_lens = [64, 1000000]"):  # fmt: skip
         sweep = _sweep(
             tmp_path, TINY + f'[[settings]]\nname = "a"\n[[settings]]\nname = "b"\n{bad}\n'
         )

@@ -262,6 +262,32 @@ def _settings(args: argparse.Namespace) -> tuple[str | None, list[tuple[str | No
     return load_sweep(args.config)
 
 
+def _check_data(sweeps: list) -> None:
+    """Load the corpus (or make the task) of every setting after the first whose data
+    differ from the first's, so a missing corpus or a length it cannot fill is refused
+    before the first setting trains (the first is checked by ``run_lab`` itself)."""
+    import torch
+
+    from posenc.lab.distributed import Context
+    from posenc.lab.workload import make_workload
+
+    def key(config) -> tuple:
+        return config.task, config.corpus, config.eval_lens, config.tuned_len, config.precision
+
+    checked = {key(sweeps[0][2])} if sweeps else set()
+    for name, merged, config in sweeps[1:]:
+        if key(config) in checked:
+            continue
+        checked.add(key(config))
+        cuda = merged.device == "cuda" or (
+            merged.device in (None, "auto") and torch.cuda.is_available()
+        )
+        try:
+            make_workload(config, Context(device=torch.device("cuda" if cuda else "cpu")))
+        except (ValueError, OSError) as exc:
+            raise type(exc)(f"setting {name!r}: {exc}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -286,6 +312,7 @@ def run(args: argparse.Namespace) -> int:
         except (ValueError, TypeError, UsageError) as exc:
             raise type(exc)(f"{where}{exc}") from None
         sweeps.append((name, merged, config))
+    _check_data(sweeps)
     for name, merged, config in sweeps:
         cores = os.cpu_count() or 1
         local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
