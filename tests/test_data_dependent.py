@@ -245,3 +245,26 @@ def test_bad_constructor_and_gate_inputs_raise():
         ForgettingAttention(C, H).gates(torch.randn(B, T, C + 1))
     with pytest.raises(TypeError, match="attend_current"):
         StickBreakingAttention(attend_current=1)
+
+
+@pytest.mark.parametrize("name", ["fox", "stick_breaking", "path", "dape"])
+def test_gradients_match_finite_differences(name):
+    """``gradcheck`` of a small float64 layer with respect to its input and the encoding's
+    own parameters (gates, Householder directions, MLP): through the cumulative sums, the
+    stick's log-space products and PaTH's sweep over the keys. The eager backend: the
+    chunked one recomputes a bias in the backward pass from the module's own parameters,
+    which ``functional_call`` has restored by then (its gradients equal the eager ones:
+    ``test_attention_registry``)."""
+    torch.manual_seed(0)
+    small = {"width": 4} if name == "dape" else {}  # few parameters: few perturbations
+    position = posenc.build(name, d_model=8, num_heads=2, head_dim=4, **small)
+    mha = posenc.MultiHeadAttention(8, 2, position=position, backend="eager").double()
+    names = [f"position.{n}" for n, _ in mha.position.named_parameters()]
+    assert names or name == "stick_breaking"
+
+    def run(x, *params):
+        return torch.func.functional_call(mha, dict(zip(names, params, strict=True)), (x,))
+
+    x = torch.randn(1, 4, 8, dtype=torch.float64, requires_grad=True)
+    params = [mha.get_parameter(n).detach().clone().requires_grad_(True) for n in names]
+    assert torch.autograd.gradcheck(run, (x, *params), eps=1e-6, atol=1e-7)
