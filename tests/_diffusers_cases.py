@@ -403,6 +403,12 @@ def _cogview3plus(config, grid):
     return "table", (out[0, 3:] - embed.proj.bias).double()
 
 
+def _temporal(config, grid):
+    frames, width = grid[0], config["attention_head_dim"] * config["num_attention_heads"]
+    embed = E.SinusoidalPositionalEmbedding(width, config["num_positional_embeddings"])
+    return "table", embed(torch.zeros(1, frames, width))[0].double()
+
+
 FLUX = {"attention_head_dim": 16, "axes_dims_rope": (4, 6, 6)}
 HUNYUAN = {"attention_head_dim": 16, "rope_axes_dim": (4, 6, 6), "rope_theta": 256.0}
 ROPE_CASES = [
@@ -632,9 +638,19 @@ TABLE_CASES = [
         (1, 4, 6), _cogview3plus,
     ),
     Case(
+        "TransformerTemporalModel",
+        {"attention_head_dim": 8, "num_attention_heads": 2, "positional_embeddings": "sinusoidal",
+         "num_positional_embeddings": 12},
+        (7, 2, 2), _temporal, "sinusoidal",
+    ),
+    Case(
         "SD3Transformer2DModel",
         {"_kind": "sd3", "attention_head_dim": 8, "num_attention_heads": 2, "sample_size": 8,
          "patch_size": 2, "pos_embed_max_size": 12},
         (1, 5, 8), _patch_embed,
     ),
 ]  # fmt: skip
+
+# Model classes whose (default) blocks add no positions: posenc builds NoPE for them, and
+# test_models_without_positions_build_nope checks diffusers' blocks have no pos_embed.
+NOPE_CLASSES = ("DreamLiteTransformer2DModel", "TransformerTemporalModel")

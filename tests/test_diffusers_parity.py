@@ -23,9 +23,9 @@ pytest.importorskip("diffusers")
 from diffusers.models.embeddings import apply_rotary_emb
 from diffusers.models.transformers.transformer_hidream_image import apply_rope as hidream_apply_rope
 
-from _diffusers_cases import ROPE_CASES, TABLE_CASES
+from _diffusers_cases import NOPE_CLASSES, ROPE_CASES, TABLE_CASES
 from posenc import MRoPE, NoPE
-from posenc.diffusers import diffusers_positions, from_diffusers
+from posenc.diffusers import GridSinCos, diffusers_positions, from_diffusers
 
 EPS32 = torch.finfo(torch.float32).eps
 
@@ -113,7 +113,10 @@ def test_sincos_table_matches_diffusers(case):
     (_, reference) = case.reference(case.config, case.grid)
     table = from_diffusers(config)
     positions = diffusers_positions(config, frames=frames, height=height, width=width)
-    got = table.table(positions, dtype=torch.float64)
+    if isinstance(table, GridSinCos):
+        got = table.table(positions, dtype=torch.float64)
+    else:  # a 1-D table
+        got = table.encoding(positions, dtype=torch.float64)
     assert got.shape == reference.shape, (got.shape, reference.shape)
     scale = float(positions.abs().max())
     torch.testing.assert_close(got, reference.double(), rtol=0, atol=_tolerance(scale))
@@ -158,3 +161,14 @@ def test_transformer2d_by_input_kind():
     assert isinstance(from_diffusers("Transformer2DModel", in_channels=4), NoPE)
     with pytest.raises(ValueError, match="num_vector_embeds"):
         from_diffusers("Transformer2DModel", num_vector_embeds=8)
+
+
+def test_models_without_positions_build_nope():
+    """DreamLite's blocks and TransformerTemporalModel's default blocks add no positions."""
+    from diffusers.models import transformers
+
+    for name in NOPE_CLASSES:
+        cls = getattr(transformers, name)
+        model = cls(num_attention_heads=1, attention_head_dim=8, in_channels=4, norm_num_groups=2)
+        assert all(block.pos_embed is None for block in model.transformer_blocks)
+        assert isinstance(from_diffusers(cls.__name__), NoPE)

@@ -22,7 +22,7 @@ Shapes: ``D`` head_dim, ``C`` d_model, ``H x W`` patches, ``N = H W`` image toke
 * DiT (Peebles & Xie 2023), PixArt-α (Chen et al. 2023) and SD3 (Esser et al. 2024) add
   a 2-D sin-cos table (``GridSinCos``; CogView3-Plus reads the top-left of a
   ``pos_embed_max_size`` table at integer rows and columns); Sana (Xie et al. 2024) has
-  none (``NoPE``) unless its config sets ``interpolation_scale``.
+  none (``NoPE``) unless its config sets ``interpolation_scale``; DreamLite has none.
 """
 
 from __future__ import annotations
@@ -277,6 +277,10 @@ IMAGE_FAMILIES: tuple[Family, ...] = (
         "CogView3-Plus 2-D sin-cos table (top-left of the max table)",
         "CogView3PlusTransformer2DModel", _sincos_2d, _rows_columns,
         "CogView3PlusPatchEmbed",
+    ),
+    row(
+        "DreamLite: none", "DreamLiteTransformer2DModel", lambda config: NoPE(), _rows_columns,
+        "BasicTransformerBlockDreamLite (built without positional_embeddings)",
     ),
     row(
         "PixArt 2-D sin-cos table", "PixArtTransformer2DModel", _sincos_2d, _pixart_positions,

@@ -18,6 +18,9 @@ RoPE here rotates one block of features per axis ``(t, y, x)``, adjacent pairs:
 * MiniMax-H3: three blocks of ``2 rope_freq_dim`` features with the same frequencies,
   half-split over the rotated ``6 rope_freq_dim`` features, the rest unrotated, at the
   ``(t, y, x)`` the caller passes (here the grid);
+* TransformerTemporalModel (the temporal layers of the video UNets) adds the paper's
+  sinusoidal table over frames when ``positional_embeddings="sinusoidal"`` (Vaswani et al.
+  2017, sec. 3.5), else nothing;
 * CogVideoX (Yang et al. 2024, sec. 2.2, 3-D RoPE): blocks ``(D/4, 3D/8, 3D/8)``, theta
   10000, at the fractional coordinates of the video's crop in the ``sample_height x
   sample_width`` canvas (CogVideoX 1.5, with ``patch_size_t``: the integer grid);
@@ -34,7 +37,9 @@ from posenc.base import PositionalEncoding
 from posenc.diffusers._common import Config, Family, axes_rope, head_dim, need, resize_crop, row
 from posenc.diffusers.grids import crop_positions, grid_positions
 from posenc.diffusers.sincos import GridSinCos
+from posenc.encodings.nope import NoPE
 from posenc.encodings.rotary.axial import AxialRope
+from posenc.encodings.sinusoidal import SinusoidalPositionalEncoding
 
 __all__ = ["VIDEO_FAMILIES"]
 
@@ -114,6 +119,25 @@ def _joyimage(config: Config) -> AxialRope:
     return axes_rope(width, dims, need(config, "theta"))
 
 
+def _temporal(config: Config) -> PositionalEncoding:
+    """TransformerTemporalModel: the paper's sinusoidal table over frames when
+    ``positional_embeddings="sinusoidal"``, else none."""
+    kind = config.get("positional_embeddings")
+    if kind is None:
+        return NoPE()
+    if kind != "sinusoidal":
+        raise ValueError(f"unknown positional_embeddings {kind!r}; diffusers knows 'sinusoidal'")
+    width = head_dim(config) * int(need(config, "num_attention_heads"))
+    return SinusoidalPositionalEncoding(
+        width, max_len=int(need(config, "num_positional_embeddings"))
+    )
+
+
+def _frames(config: Config, frames: int, height: int, width: int) -> Tensor:
+    """The frame index of each frame, ``[F]`` (the temporal layers attend over frames)."""
+    return torch.arange(frames)
+
+
 def _cogvideox_dims(width: int) -> tuple[int, int, int]:
     return width // 4, width // 8 * 3, width // 8 * 3
 
@@ -187,6 +211,10 @@ VIDEO_FAMILIES: tuple[Family, ...] = (
         "JoyImageEditTransformer3DModel JoyImageEditPlusTransformer3DModel",
         _joyimage, _video,
         "get_rotary_pos_embed, _get_rotary_pos_embed_for_range",
+    ),
+    row(
+        "TransformerTemporalModel: 1-D sinusoidal over frames, or none",
+        "TransformerTemporalModel", _temporal, _frames, "SinusoidalPositionalEmbedding",
     ),
     row("Helios 3-D RoPE", "HeliosTransformer3DModel", _helios, _video, "HeliosRotaryPosEmbed"),
     row(
