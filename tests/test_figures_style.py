@@ -91,11 +91,10 @@ def _texts_inside(fig, *, tight: bool) -> None:
 
     renderer = FigureCanvasAgg(fig).get_renderer()
     canvas = fig.get_tightbbox(renderer).transformed(fig.dpi_scale_trans) if tight else fig.bbox
-    for text in fig.findobj(matplotlib.text.Text):
-        if text.get_visible() and text.get_text().strip():
-            box = text.get_window_extent(renderer)
-            assert canvas.x0 - 1 <= box.x0 and box.x1 <= canvas.x1 + 1, text.get_text()
-            assert canvas.y0 - 1 <= box.y0 and box.y1 <= canvas.y1 + 1, text.get_text()
+    for text in _drawn_texts(fig, renderer):
+        box = text.get_window_extent(renderer)
+        assert canvas.x0 - 1 <= box.x0 and box.x1 <= canvas.x1 + 1, text.get_text()
+        assert canvas.y0 - 1 <= box.y0 and box.y1 <= canvas.y1 + 1, text.get_text()
 
 
 def _data_range(ax) -> tuple[float, float]:
@@ -215,3 +214,32 @@ def test_fingerprint_hands_turn_the_way_rope_turns():
     (x0, x1), (y0, y1) = hand.get_xdata(), hand.get_ydata()
     angle = math.atan2(y1 - y0, x1 - x0)
     assert angle == pytest.approx(position)
+
+
+def test_extend_figure_compares(monkeypatch, tmp_path):
+    """``extend.png`` of the recorded SmolLM2 run: every setting visible beside the
+    others (dynamic equals the original below the trained length), the length axis
+    spanning the lengths measured, not the trained length far beyond them."""
+    import json
+    from pathlib import Path
+
+    import matplotlib.pyplot as plt
+
+    from posenc.extend import report
+
+    recorded = Path(__file__).resolve().parents[1] / "benchmarks/results/extend-smollm2"
+    results = json.loads((recorded / "results.json").read_text())
+    closed = []
+    close = plt.close
+    monkeypatch.setattr(plt, "close", lambda fig: (closed.append(fig), close(fig)))
+    report.draw(results, tmp_path)
+    (fig,) = closed
+    top = fig.axes[0]
+    rows = _rows(top)
+    assert list(rows) == results["settings"] and len(set(rows.values())) == len(rows)
+    xs = {line.get_label(): tuple(line.get_xdata()) for line in top.get_lines()}
+    assert len(set(xs[s] for s in results["settings"])) == len(results["settings"])  # apart
+    lens = results["config"]["eval_lens"]
+    low, high = top.get_xlim()
+    assert low <= min(lens) and high >= max(lens) and high / low <= 2 * max(lens) / min(lens)
+    _texts_inside(fig, tight=True)

@@ -19,10 +19,13 @@ from rich.console import Console
 from rich.table import Table
 
 from posenc.lab.results import write_bytes
+from posenc.viz._common import series_styles
 
 __all__ = ["FIGURE", "draw", "markdown", "print_table", "ranking"]
 
 FIGURE = "extend.png"
+
+_DODGE = 0.02  # log2 units between neighbouring settings at one length
 #: Relative NLL difference below which two settings count as equal: float32 logits agree
 #: to about this much when only the angles' rounding differs (posenc float64, transformers
 #: float32), e.g. dynamic NTK below the trained length against the original.
@@ -126,20 +129,27 @@ def draw(results: dict, out: Path) -> Path | None:
     from matplotlib.ticker import FuncFormatter
 
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6.5), dpi=120, sharex=True)
-    for label in results["settings"]:
+    settings = results["settings"]
+    looks = series_styles(len(settings))
+    for index, (label, look) in enumerate(zip(settings, looks, strict=True)):
         cells = [(n, _cell(results, label, n)) for n in lens]
         cells = [(n, c) for n, c in cells if c is not None]
-        style = "-" if label == "original" else "--"
-        top.plot([n for n, _ in cells], [_ppl(c) for _, c in cells], style, marker="o",
-                 markersize=3, label=label)  # fmt: skip
+        # settings equal to the original below its trained length: side by side, not hidden
+        shift = 2 ** (_DODGE * (index - (len(settings) - 1) / 2))
+        style = {"linestyle": "-" if label == "original" else "--", "markersize": 4, **look}
+        top.plot([n * shift for n, _ in cells], [_ppl(c) for _, c in cells], label=label,
+                 **style)  # fmt: skip
         hits = [
             (n, sum(t["ok"] for t in c["passkey"]) / len(c["passkey"]))
             for n, c in cells
             if c["passkey"]
         ]
-        bottom.plot([n for n, _ in hits], [h for _, h in hits], style, marker="o", markersize=3)
+        bottom.plot([n * shift for n, _ in hits], [h for _, h in hits], **style)
+    trained = results["model"]["trained_length"]
+    inside = min(lens) <= trained <= max(lens)
     for ax in (top, bottom):
-        ax.axvline(results["model"]["trained_length"], color="grey", linewidth=1)
+        if inside:  # a line beyond the lengths drawn would stretch the axis to empty space
+            ax.axvline(trained, color="grey", linewidth=1)
         ax.grid(True, alpha=0.3)
     top.set_xscale("log", base=2)
     top.set_yscale("log")
@@ -149,7 +159,9 @@ def draw(results: dict, out: Path) -> Path | None:
     top.set_ylabel("perplexity (log)")
     bottom.set_ylabel("passkey accuracy")
     bottom.set_ylim(-0.05, 1.05)
-    bottom.set_xlabel("evaluation length (tokens); grey: trained length")
+    where = "grey line" if inside else "beyond the lengths shown"
+    bottom.set_xlabel(f"evaluation length (tokens); trained length {trained}: {where}")
+    bottom.set_xlim(min(lens) / 2**0.25, max(lens) * 2**0.25)
     bottom.set_xticks(lens, [str(n) for n in lens])
     top.set_title(f"posenc extend: {results['model']['name']}", fontsize=9)
     top.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
