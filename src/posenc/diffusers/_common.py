@@ -25,9 +25,10 @@ class Family:
     Attributes:
         name: the family's name in the docs.
         classes: the diffusers model class names (``_class_name`` in ``config.json``).
-        build: ``config -> module`` (``AxialRope`` or ``GridSinCos``).
-        positions: ``(config, frames, height, width) -> [N, A]`` image/video token
-            positions on a grid of patches, as the model's pipeline numbers them.
+        build: ``config -> module`` (``AxialRope``, ``MRoPE``, ``GridSinCos``, ...).
+        positions: ``(config, frames, height, width) ->`` the image/video token positions
+            on a grid of patches as the model's pipeline numbers them, in the module's
+            position shape (``[N, A]``; ``[3, N]`` for ``MRoPE``; ``[F]`` for 1-D tables).
         reference: the diffusers code the parity suite compares with.
     """
 

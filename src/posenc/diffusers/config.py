@@ -64,8 +64,9 @@ def normalize_config(config: object, **overrides: Any) -> tuple[str, dict[str, A
 
 
 def from_diffusers(config: object, **overrides: Any) -> PositionalEncoding:
-    """The posenc module of a diffusers model's positions (``AxialRope`` for the RoPE
-    families, ``GridSinCos`` for sin-cos tables; ``posenc.diffusers.families``).
+    """The posenc module of a diffusers model's positions: ``AxialRope`` for the RoPE
+    families, ``MRoPE`` for Ideogram 4, ``GridSinCos`` for N-D sin-cos tables,
+    ``SinusoidalPositionalEncoding`` or ``NoPE`` (``posenc.diffusers.families``).
 
     Args:
         config: a class name (``"FluxTransformer2DModel"``), a ``config.json`` dict with
@@ -83,8 +84,14 @@ def from_diffusers(config: object, **overrides: Any) -> PositionalEncoding:
 def diffusers_positions(
     config: object, *, frames: int = 1, height: int, width: int, **overrides: Any
 ) -> Tensor:
-    """The positions ``[N, A]`` of a model's image/video tokens on a grid of ``frames x
-    height x width`` patches (``N = F H W``), as its pipeline builds them.
+    """The positions of a model's image/video tokens on a grid of ``frames x height x
+    width`` patches (``N = F H W``), as its pipeline builds them, in the shape its module
+    takes: ``[N, A]`` (``AxialRope``, ``GridSinCos``), ``[3, N]`` (Ideogram 4's ``MRoPE``) or
+    ``[F]`` (the temporal layers' 1-D table).
+
+    Keys a pipeline takes from the call rather than the config go in ``overrides``:
+    ``caption_length`` (Lumina 2, Z-Image, Qwen-Image 2.1), ``rope_offsets`` and
+    ``rope_stride`` (Wan-Animate 2), ``scale_factor`` (Kandinsky).
 
     Raises:
         ValueError: a size below 1; see ``from_diffusers``.
