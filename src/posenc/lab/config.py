@@ -19,8 +19,11 @@ The baselines are configured as their papers and Hugging Face transformers defin
   the same model fine-tuned the same way without the scaling;
 * T5's ``max_distance`` defaults to ``train_len`` (at least 32), so every bucket
   receives a gradient;
-* learned tables start at the token embeddings' scale (``posenc.lab.model``) and the
-  interpolating learned row is part of the default sweep.
+* learned tables start as GPT-2's, N(0, 0.02^2), from the encoding's own random stream
+  (``posenc.lab.model.seeded_model``), and the interpolating learned row is part of the
+  default sweep;
+* YaRN's betas follow the training length, with transformers' defaults as a row, and
+  dynamic NTK is also scored as decoded (``posenc.lab.variants``).
 
 The arithmetic is ``precision``: ``"auto"`` (the default) is bfloat16 mixed precision
 where the hardware has bfloat16 arithmetic and float32 elsewhere (``posenc.lab.precision``
