@@ -134,6 +134,25 @@ def test_lab_length_figure_compares(lab_figures):
     _texts_inside(fig, tight=True)
 
 
+def test_lab_length_figure_draws_seeds_and_names_unlearned_runs(lab_figures):
+    results = _results()
+    results["metric"], results["config"]["task"] = "accuracy", "copy"
+    for run in results["runs"]:
+        for row in run["rows"]:
+            for cell in row["results"].values():
+                cell["accuracy"] = min(1.0, cell["ppl"] / 60)
+    failed = {"encoding": "t5", "seed": 1, "status": "ok", "learned": False, "rows": []}
+    results["runs"].append(failed)
+    ax = lab_figures(results)["accuracy.png"].axes[0]
+    rows = _rows(ax)
+    assert "t5: not learned (seed 1)" in rows and len(set(rows.values())) == len(rows)
+    points = [line for line in ax.get_lines() if line.get_markersize() < 4]  # seeds' values
+    assert points and all(len(line.get_ydata()) == 2 for line in points)
+    derived = [c for c in ax.containers if c.get_label().startswith("rope +linear")]
+    for container in derived:  # a scaling starts past the training length
+        assert min(container.lines[0].get_xdata()) > results["config"]["train_len"]
+
+
 def test_lab_position_figure_compares(lab_figures):
     fig = lab_figures(_results())["position.png"]
     ax = fig.axes[0]

@@ -5,7 +5,10 @@ Every row keeps its colour and marker from ``posenc.palette`` in every run, dist
 from every other row of the figure (``palette.styles``); rows that tie (variants equal
 to their model up to the training length) are drawn side by side, slightly apart on the
 length axis; a row with no value at a length (a learned table past its rows) says so in
-its legend entry, never in the data area. The perplexity axis runs from a labelled tick
+its legend entry, never in the data area; rows derived at evaluation time (scalings, an
+interpolated table) start past the training length, where they differ from their model;
+each seed's value is a small point under the mean; a run that never learned its task is
+named in the legend. The perplexity axis runs from a labelled tick
 at or below the data to one at or above it. matplotlib is imported only when a figure is
 drawn (Agg backend, no display needed). Nothing is drawn without a value.
 """
@@ -19,11 +22,12 @@ from pathlib import Path
 from posenc.lab import stats
 from posenc.lab.curves import LEARNING, curves, draw_learning
 from posenc.lab.results import write_bytes
-from posenc.palette import styles
+from posenc.palette import style, styles
 
 __all__ = ["draw_all", "figure_names"]
 
 _DODGE = 0.012  # log2 units between neighbouring rows at one length
+_DERIVED = ("scaling", "interpolate")  # rows evaluated from a trained model, not trained
 
 
 def _has_positions(results: dict) -> bool:
@@ -106,6 +110,8 @@ def _length_figure(results: dict, out: Path, plt) -> Path:
         shift = 2 ** (_DODGE * (index - (len(table) - 1) / 2))
         xs, ys, errs, missing = [], [], [], []
         for n in lens:
+            if row.kind in _DERIVED and n <= config["train_len"]:
+                continue  # equal to its model there: drawn once, by the model's row
             cell = row.cells[str(n)]
             if cell.mean is None:
                 missing.append(str(n))
@@ -113,12 +119,24 @@ def _length_figure(results: dict, out: Path, plt) -> Path:
             xs.append(n * shift)
             ys.append(cell.mean)
             errs.append(cell.half_width or 0.0)
+            seeds = cell.present
+            if len(seeds) > 1:  # each seed's value, small and unlabelled, under the mean
+                ax.plot([n * shift] * len(seeds), seeds, linestyle="none", marker=look.marker,
+                        markersize=2.5, color=look.color, alpha=0.6)  # fmt: skip
+                means += [v for v in seeds if v > 0]
         means += [y - e for y, e in zip(ys, errs, strict=True) if y - e > 0]
         means += [y + e for y, e in zip(ys, errs, strict=True)]
         label = row.label + (f" (n/a at {', '.join(missing)})" if missing else "")
         ax.errorbar(xs, ys, yerr=errs, color=look.color, marker=look.marker,
                     linestyle=look.linestyle, markersize=4, capsize=2, linewidth=1.2,
                     label=label)  # fmt: skip
+    unlearned: dict[str, list[str]] = {}  # runs that never learned their task have no row
+    for run in results["runs"]:
+        if run["status"] == "ok" and run.get("learned") is False:
+            unlearned.setdefault(run["encoding"], []).append(str(run["seed"]))
+    for name, seeds in unlearned.items():  # named in the legend, drawn nowhere
+        label = f"{name}: not learned (seed {', '.join(seeds)})"
+        ax.plot([], [], color=style(name).color, marker="x", linestyle="none", label=label)
     _mark_training_length(ax, config["train_len"])
     ax.set_xscale("log", base=2)
     ax.set_xticks(lens, [str(n) for n in lens])
