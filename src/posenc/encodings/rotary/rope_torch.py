@@ -32,6 +32,13 @@ def _pairs(x: Tensor, rotary_dim: int, interleaved: bool) -> tuple[Tensor, Tenso
     return x[..., :half], x[..., half:rotary_dim]
 
 
+def _doubled(table: Tensor, interleaved: bool) -> Tensor:
+    """``[..., R/2]`` -> ``[..., R]``, one value per feature of its pair's layout."""
+    if interleaved:
+        return torch.stack((table, table), dim=-1).flatten(-2)
+    return torch.cat((table, table), dim=-1)
+
+
 def rotate_torch(out: Tensor, x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool) -> None:
     """Write the rotation of ``x [B, H, T, D]`` into ``out`` (``out is x``: in place).
 
@@ -42,41 +49,38 @@ def rotate_torch(out: Tensor, x: Tensor, cos: Tensor, sin: Tensor, *, interleave
         sin: the same shape as ``cos``.
         interleaved: pair layout.
 
-    An in-place rotation, and half precision, first copy each chunk's pairs into buffers
-    of the compute dtype (the passes need the unrotated values; half precision is
-    rotated in float32); half precision results are rounded into ``out`` once.
+    Four passes per chunk: ``(a cos, b cos)`` and ``(a sin, b sin)`` over whole rows
+    (the tables doubled to one value per feature), then ``a cos - b sin`` and
+    ``b cos + a sin`` on the pairs. An in-place rotation, and half precision, first copy
+    each chunk into a buffer of the compute dtype (the passes need the unrotated values;
+    half precision is rotated there in float32 and rounded into ``out`` once).
     """
     batch, heads, length, dim = x.shape
-    half, compute = cos.shape[-1], cos.dtype
-    rotary_dim = 2 * half
+    rotary_dim, compute = 2 * cos.shape[-1], cos.dtype
     if out is not x and rotary_dim < dim:
         out[..., rotary_dim:].copy_(x[..., rotary_dim:])  # pass-through features
-    if x.numel() == 0 or half == 0:
+    if x.numel() == 0 or rotary_dim == 0:
         return
     staged = out is x or x.dtype != compute
-    widened = x.dtype != compute
-    buffers = 1 + 2 * staged + 2 * widened  # b*sin scratch, staged a/b, widened results
-    per_position = batch * heads * half * (2 * x.element_size() + buffers * compute.itemsize)
+    buffers = 1 + staged  # the sin products, the staged chunk
+    per_position = batch * heads * rotary_dim * (2 * x.element_size() + buffers * compute.itemsize)
     spans = fastpath.chunks(length, per_position)
-    size = batch * heads * (spans[0].stop - spans[0].start) * half
+    size = batch * heads * (spans[0].stop - spans[0].start) * rotary_dim
     scratch = x.new_empty((buffers, size), dtype=compute)
+    cos2, sin2 = _doubled(cos, interleaved), _doubled(sin, interleaved)  # [..., T, R]
     for span in spans:
-        shape = (batch, heads, span.stop - span.start, half)
+        shape = (batch, heads, span.stop - span.start, rotary_dim)
         numel = shape[0] * shape[1] * shape[2] * shape[3]
-        views = iter(scratch[:, :numel].view(buffers, *shape))
-        c, s = cos[..., span, :], sin[..., span, :]
-        a, b = _pairs(x[..., span, :], rotary_dim, interleaved)
-        new_a, new_b = _pairs(out[..., span, :], rotary_dim, interleaved)
+        products, *rest = scratch[:, :numel].view(buffers, *shape)
+        src, dst = x[..., span, :rotary_dim], out[..., span, :rotary_dim]
         if staged:
-            a, b = next(views).copy_(a), next(views).copy_(b)
-        into_a, into_b = (next(views), next(views)) if widened else (new_a, new_b)
-        product = next(views)
-        torch.mul(a, c, out=into_a)
-        torch.mul(b, s, out=product)
-        into_a.sub_(product)  # a cos - b sin
-        torch.mul(b, c, out=into_b)
-        torch.mul(a, s, out=product)
-        into_b.add_(product)  # b cos + a sin (IEEE addition commutes: a sin + b cos)
-        if widened:
-            new_a.copy_(into_a)  # the one rounding to x's dtype
-            new_b.copy_(into_b)
+            src = rest[0].copy_(src)
+        torch.mul(src, sin2[..., span, :], out=products)  # (a sin, b sin)
+        rotated = src if x.dtype != compute else dst  # half precision: rotate in the buffer
+        torch.mul(src, cos2[..., span, :], out=rotated)  # (a cos, b cos)
+        new_a, new_b = _pairs(rotated, rotary_dim, interleaved)
+        a_sin, b_sin = _pairs(products, rotary_dim, interleaved)
+        new_a.sub_(b_sin)  # a cos - b sin
+        new_b.add_(a_sin)  # b cos + a sin (IEEE addition commutes: a sin + b cos)
+        if rotated is not dst:
+            dst.copy_(rotated)  # the one rounding to x's dtype
