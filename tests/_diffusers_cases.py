@@ -11,6 +11,7 @@ returns what the model uses for the image/video tokens:
   rotated by ``apply_rotary_emb(use_real=True, use_real_unbind_dim=-2)`` (CogView4, GLM);
 * ``("complex", freqs)``: ``[N, D/2]`` unit complex numbers, rotated as complex pairs;
 * ``("matrix", m)``: ``[N, D/2, 2, 2]`` rotation matrices, rotated by HiDream's ``apply_rope``;
+* ``("pairs", cos, sin)``: ``[N, D/2]`` already one value per pair, in posenc's pair order;
 * ``("rotate", fn)``: no table, only the model's own rotation ``fn(x [B, H, N, D])``.
 
 A table may carry the model's own rotation as a last element ``fn(x [B, H, N, D])``.
@@ -278,6 +279,25 @@ def _joyimage_plus(config, grid):
     return ("real", *cls._get_rotary_pos_embed_for_range(model, (0, 0, 0), grid))
 
 
+def _allegro(config, grid):
+    """Allegro's per-axis tables (``[c | c]`` per block) read at each token's indices, as its
+    pipeline does, and its own ``apply_rotary_emb_allegro``."""
+    f, h, w = grid
+    scales = tuple(config[f"interpolation_scale_{axis}"] for axis in "thw")
+    *tables, grid_t, grid_h, grid_w = E.get_3d_rotary_pos_embed_allegro(
+        config["attention_head_dim"], ((0, 0), (h, w)), (h, w), f, interpolation_scale=scales
+    )
+    index = torch.cartesian_prod(*(g.long() for g in (grid_t, grid_h, grid_w))).T  # [3, N]
+    half = tables[0][0].shape[-1] // 2
+    cos = torch.cat([c[i, :half] for (c, _), i in zip(tables, index, strict=True)], dim=-1)
+    sin = torch.cat([s[i, :half] for (_, s), i in zip(tables, index, strict=True)], dim=-1)
+
+    def rotate(x):
+        return E.apply_rotary_emb_allegro(x, tuple(tables), tuple(index[:, None]))
+
+    return "pairs", cos, sin, rotate
+
+
 def _kandinsky(module_cls):
     def reference(config, grid):
         f, h, w = grid
@@ -528,6 +548,12 @@ ROPE_CASES = [
         "JoyImageEditPlusTransformer3DModel",
         {"hidden_size": 32, "num_attention_heads": 2, "rope_dim_list": [4, 6, 6], "theta": 256},
         (1, 4, 3), _joyimage_plus,
+    ),
+    Case(
+        "AllegroTransformer3DModel",
+        {"attention_head_dim": 12, "interpolation_scale_t": 2.2, "interpolation_scale_h": 2.0,
+         "interpolation_scale_w": 2.0},
+        (3, 4, 2), _allegro,
     ),
     Case(
         "Kandinsky5Transformer3DModel", {"axes_dims": (4, 6, 6), "scale_factor": (1.0, 2.0, 2.0)},

@@ -48,6 +48,8 @@ def _own_rotation(reference):
 def _pairs(reference):
     """diffusers' tables as ``(cos, sin)`` ``[N, P]`` float64, one value per pair."""
     kind, *tables = reference
+    if kind == "pairs":
+        return tables[0].double(), tables[1].double()
     if kind == "complex":
         (freqs,) = tables
         return freqs.real.double(), freqs.imag.double()

@@ -15,6 +15,8 @@ RoPE here rotates one block of features per axis ``(t, y, x)``, adjacent pairs:
   1-D text and audio RoPE beside them are plain ``RotaryEmbedding``);
 * JoyImage-Edit: ``rope_dim_list`` / ``theta`` (256) like HunyuanVideo (Edit-Plus puts each
   reference after the target on the frame axis);
+* Allegro: three blocks of ``D/3`` features, each half-split on its own, at the grid
+  divided by ``interpolation_scale_t/h/w``;
 * MiniMax-H3: three blocks of ``2 rope_freq_dim`` features with the same frequencies,
   half-split over the rotated ``6 rope_freq_dim`` features, the rest unrotated, at the
   ``(t, y, x)`` the caller passes (here the grid);
@@ -138,6 +140,19 @@ def _frames(config: Config, frames: int, height: int, width: int) -> Tensor:
     return torch.arange(frames)
 
 
+def _allegro(config: Config) -> AxialRope:
+    """Three blocks of ``D/3`` features, each half-split on its own (``pairs="per_axis"``)."""
+    width = head_dim(config)
+    return AxialRope(width, axis_order=(0, 1, 2), pairs="per_axis", axis_dim=width // 3)
+
+
+def _allegro_positions(config: Config, frames: int, height: int, width: int) -> Tensor:
+    """The grid divided by ``interpolation_scale_t/h/w`` (float64)."""
+    keys = ("interpolation_scale_t", "interpolation_scale_h", "interpolation_scale_w")
+    scales = torch.tensor([float(need(config, key)) for key in keys], dtype=torch.float64)
+    return grid_positions(frames, height, width).double() / scales
+
+
 def _cogvideox_dims(width: int) -> tuple[int, int, int]:
     return width // 4, width // 8 * 3, width // 8 * 3
 
@@ -215,6 +230,11 @@ VIDEO_FAMILIES: tuple[Family, ...] = (
     row(
         "TransformerTemporalModel: 1-D sinusoidal over frames, or none",
         "TransformerTemporalModel", _temporal, _frames, "SinusoidalPositionalEmbedding",
+    ),
+    row(
+        "Allegro 3-D RoPE (per-axis half-split blocks, interpolated grid)",
+        "AllegroTransformer3DModel", _allegro, _allegro_positions,
+        "get_3d_rotary_pos_embed_allegro, apply_rotary_emb_allegro",
     ),
     row("Helios 3-D RoPE", "HeliosTransformer3DModel", _helios, _video, "HeliosRotaryPosEmbed"),
     row(
