@@ -74,6 +74,8 @@ def test_explain_says_only_m_minus_n_matters_exactly_when_its_numbers_agree(caps
         (["lab", "--layers", "0"], "--layers"),
         (["lab", "--d-model", "30"], "--heads"),
         (["lab", "--batch-size", "0"], "--batch-size"),
+        (["lab", "--lr", "-1"], "--lr"),
+        (["lab", "--precision", "half"], "--precision"),
     ],
 )
 def test_bad_values_name_the_flag_in_one_short_line(capsys, argv, flag):
@@ -90,6 +92,8 @@ def test_bad_values_name_the_flag_in_one_short_line(capsys, argv, flag):
         (["lab", "--encodings", "rop,alibi"], "'rope'"),
         (["lab", "--encodings", "alibi", "sinusodial"], "'sinusoidal'"),
         (["bench", "--only", "rop"], "'rope'"),
+        (["lab", "--task", "cpy"], "'copy'"),
+        (["lab", "--device", "gpu"], "'cpu'"),
         (["explain", "alibl"], "'alibi'"),
     ],
 )

@@ -54,7 +54,20 @@ class UsageError(Exception):
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, exit 2 (argparse prints usage too)
         command = self.prog.removeprefix("posenc").strip()
+        message = _short_argparse(message)
         raise UsageError(f"{command}: {message}" if command else message)
+
+
+def _short_argparse(message: str) -> str:
+    """argparse's message in fewer words: ``argument --task: invalid choice: 'x' (choose
+    from 'a', 'b')`` -> ``--task: unknown 'x'; did you mean 'a'? (a, b)``."""
+    message = re.sub(r"^argument (\S+): ", r"\1: ", message)
+    found = re.fullmatch(r"(\S+): invalid choice: '(.*)' \(choose from (.*)\)", message)
+    if found is None:
+        return message
+    flag, value, listed = found.groups()
+    choices = [c.strip().strip("'") for c in listed.split(",")]
+    return f"{flag}: unknown {value!r}{suggest(value, choices)} ({', '.join(choices)})"
 
 
 class _TopParser(_Parser):

@@ -19,6 +19,9 @@ from posenc.cli import PREFIX, UsageError
 #: The flag of each setting whose name differs from it, for error messages: the lab's
 #: checks name the settings (``train_len``), the user typed the flags (``--train-len``).
 FLAGS = {
+    "lr": "--lr",
+    "warmup": "--warmup",
+    "seed": "--seed",
     "train_len": "--train-len",
     "eval_lens": "--eval-lens",
     "max_steps": "--max-steps",
