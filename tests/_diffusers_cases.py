@@ -26,7 +26,9 @@ from typing import Any
 
 import torch
 from diffusers.models import embeddings as E
+from diffusers.models.attention_processor import StableAudioAttnProcessor2_0
 from diffusers.models.transformers import (
+    ace_step_transformer,
     transformer_anyflow,
     transformer_bria,
     transformer_bria_fibo,
@@ -61,6 +63,7 @@ from diffusers.models.transformers import (
     transformer_qwenimage21,
     transformer_sana_video,
     transformer_skyreels_v2,
+    transformer_stable_audio3,
     transformer_wan,
     transformer_wan_animate,
     transformer_wan_animate_2,
@@ -296,6 +299,41 @@ def _allegro(config, grid):
         return E.apply_rotary_emb_allegro(x, tuple(tables), tuple(index[:, None]))
 
     return "pairs", cos, sin, rotate
+
+
+def _ace_step(config, grid):
+    tokens = grid[0] * grid[1] * grid[2]
+    cos, sin = ace_step_transformer._ace_step_rotary_freqs(
+        tokens, config["head_dim"], config["rope_theta"], torch.device("cpu"), torch.float32
+    )
+    return "real_half", cos, sin
+
+
+def _stable_audio(config, grid):
+    """The pipeline's table (``D/2`` rotated features) and the processor's partial rotation."""
+    tokens = grid[0] * grid[1] * grid[2]
+    cos, sin = E.get_1d_rotary_pos_embed(
+        config["attention_head_dim"] // 2, tokens, use_real=True, repeat_interleave_real=False
+    )
+
+    def rotate(x):
+        return StableAudioAttnProcessor2_0().apply_partial_rotary_emb(x, (cos, sin))
+
+    return "real_half", cos, sin, rotate
+
+
+def _stable_audio3(config, grid):
+    tokens = grid[0] * grid[1] * grid[2]
+    width = config["embed_dim"] // config["num_heads"]
+    angles = transformer_stable_audio3.StableAudio3RotaryEmbedding(width // 2)(
+        tokens, torch.device("cpu")
+    )
+
+    def rotate(x):
+        out = transformer_stable_audio3._apply_rotary_partial(x.transpose(1, 2), angles)
+        return out.transpose(1, 2)
+
+    return "real_half", angles.cos(), angles.sin(), rotate
 
 
 def _kandinsky(module_cls):
@@ -555,6 +593,11 @@ ROPE_CASES = [
          "interpolation_scale_w": 2.0},
         (3, 4, 2), _allegro,
     ),
+    Case(
+        "AceStepTransformer1DModel", {"head_dim": 16, "rope_theta": 1e6}, (9, 1, 1), _ace_step
+    ),
+    Case("StableAudioDiTModel", {"attention_head_dim": 16}, (11, 1, 1), _stable_audio),
+    Case("StableAudio3DiTModel", {"embed_dim": 48, "num_heads": 2}, (10, 1, 1), _stable_audio3),
     Case(
         "Kandinsky5Transformer3DModel", {"axes_dims": (4, 6, 6), "scale_factor": (1.0, 2.0, 2.0)},
         (2, 3, 4), _kandinsky(transformer_kandinsky.Kandinsky5RoPE3D),
