@@ -75,7 +75,7 @@ def main(out: str) -> None:
     args = (*qkv, _bthd(w), beta.transpose(1, 2).contiguous())
     zero_g = torch.zeros(B, T, H)
     results["path"] = {
-        "posenc": _ours(PaTH(H * D, H), q, k, v, gates),
+        "posenc": _ours(PaTH(H * D, H, chunk_size=6), q, k, v, gates),
         "fla": parallel_path_attn(*args, g=zero_g, scale=D**-0.5)[0].transpose(1, 2),
         "naive": naive_path_attn(*args, zero_g, D**-0.5, chunk_size=8).transpose(1, 2),
     }

@@ -25,6 +25,7 @@ from posenc.attention_backends import Masking, attend
 from posenc.encodings import (
     DAPE,
     ForgettingAttention,
+    PaTH,
     StickBreakingAttention,
     stick_breaking_weights,
 )
@@ -102,8 +103,10 @@ def test_stick_breaking_layer_matches_the_reference(attend_current, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_path_layer_matches_the_reference(dtype):
-    mha = _layer("path", dtype=dtype, block_size=3)
+@pytest.mark.parametrize("chunk_size", [1, 3, 32])
+def test_path_layer_matches_the_reference(dtype, chunk_size):
+    """Chunks of 1 (the plain sweep), 3 (several, the last one partial) and 32 (one)."""
+    mha = _layer(PaTH(C, H, chunk_size=chunk_size), dtype=dtype, block_size=3)
     x = _x(dtype)
     q, k, v = _heads(mha, x)
     enc = mha.position

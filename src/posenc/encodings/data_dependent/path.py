@@ -19,8 +19,10 @@ so that a token's transform depends on that token alone (the KV cache then needs
 inputs). The gates handed to ``MultiHeadAttention`` are ``[w, beta, index]`` per token
 (``[B, H, T, D + 2]``; ``index`` the token's place in the key sequence, cache included),
 so ``weights`` finds the transforms between any query and key. It sweeps the keys from the
-last to the first, carrying ``H_{j+1} ... H_{i} q_i`` for every query (``Tk`` steps of
-``O(B H Tq D)``, the paper's formula without its blocked UT transform: exact, not fast).
+last chunk of ``c`` to the first (``Tk / c`` steps of matrix products), carrying
+``H_e ... H_i q_i`` for every query, with each chunk's transforms in the compact WY form
+``H_s ... H_{s+m} = I - W^T T W`` (Schreiber and Van Loan 1989; the paper's kernels use
+the equivalent UT transform): the keys of a chunk read ``T``'s blocks for the runs inside.
 Keys are taken in storage order (non-decreasing positions, as in a cache); positions only
 decide visibility (``k_pos <= q_pos``).
 
@@ -42,6 +44,22 @@ from posenc.encodings.data_dependent._common import check_gates, check_input, vi
 __all__ = ["PaTH", "path_weights"]
 
 
+def _chunk_transforms(w: Tensor, beta: Tensor, chunk: int) -> tuple[Tensor, Tensor]:
+    """Per chunk of ``c`` tokens, ``W [B, H, N, c, D]`` and the ``T [B, H, N, c, c]`` of the
+    compact WY form ``H_s H_{s+1} ... H_{s+m} = I - W_m^T T_m W_m`` (leading ``m + 1``
+    rows; any contiguous run uses the matching diagonal block of ``T``). Padding tokens
+    have ``beta = 0`` (identity transforms)."""
+    batch, heads, length, dim = w.shape
+    pad = -length % chunk
+    w = F.pad(w, (0, 0, 0, pad)).view(batch, heads, -1, chunk, dim)
+    beta = F.pad(beta, (0, pad)).view(batch, heads, -1, chunk)
+    strict = torch.triu(w @ w.transpose(-2, -1), diagonal=1)  # w_r . w_r', r < r'
+    eye = torch.eye(chunk, dtype=w.dtype, device=w.device)
+    unit = eye + beta[..., :, None] * strict  # unit upper triangular
+    t = torch.linalg.solve_triangular(unit, torch.diag_embed(beta), upper=True, unitriangular=True)
+    return w, t
+
+
 def path_weights(
     q: Tensor,
     k: Tensor,
@@ -50,6 +68,8 @@ def path_weights(
     q_gates: Tensor,
     k_gates: Tensor,
     mask: Tensor | None = None,
+    *,
+    chunk_size: int = 32,
 ) -> Tensor:
     """PaTH's attention weights ``softmax_j(q_i^T H_i ... H_{j+1} k_j / sqrt(D))``.
 
@@ -62,33 +82,49 @@ def path_weights(
         q_gates: ``[B, H, Tq, D + 2]``: the queries' ``[w, beta, index]`` (index read).
         k_gates: ``[B, H, Tk, D + 2]``: the keys' ``[w, beta, index]`` (index ``0..Tk-1``).
         mask: bool ``[B|1, 1, Tq, Tk]``, True = visible (padding, segments), or None.
+        chunk_size: keys per step of the sweep.
 
     Returns:
-        ``[B, H, Tq, Tk]`` in ``q``'s dtype; rows sum to 1, or are 0 without a visible key.
+        ``[B, H, Tq, Tk]`` in ``q``'s dtype; rows sum to 1, or are 0 without a visible key;
+        NaN rows for the queries at or after a key with non-finite ``w`` or ``beta``.
 
     Raises:
-        ValueError: wrong ranks or shapes.
+        ValueError: wrong ranks or shapes, ``chunk_size < 1``.
         TypeError: non-float inputs, bf16/fp16 positions, a non-bool mask.
     """
+    chunk = check_int("chunk_size", chunk_size)
     visible = visible_keys(q, k, q_pos, k_pos, mask, strict=False)
-    dim = q.shape[-1]
+    dim, num_keys = q.shape[-1], k.shape[-2]
     check_gates("q_gates", q_gates, q, dim + 2)
     check_gates("k_gates", k_gates, k, dim + 2)
-    work = compute_dtype(q.dtype)
-    u, k = q.to(work), k.to(work)
-    w, beta = k_gates[..., :dim].to(work), k_gates[..., dim].to(work)
-    q_index = q_gates[..., dim + 1]  # [B, H, Tq]
-    columns = []
-    for j in range(k.shape[-2] - 1, -1, -1):  # u = H_{j+1} ... H_i q_i for key j
-        columns.append((u * k[..., j, None, :]).sum(-1))  # [B, H, Tq]
-        w_j = w[..., j, None, :]  # [B, H, 1, D]
-        reflected = u - (beta[..., j, None, None] * (u * w_j).sum(-1, keepdim=True)) * w_j
-        u = torch.where((q_index >= j).unsqueeze(-1), reflected, u)  # H_j lies between
-    if not columns:
+    if num_keys == 0:
         return q.new_zeros(*q.shape[:-1], 0)
-    logits = torch.stack(columns[::-1], dim=-1) * dim**-0.5  # [B, H, Tq, Tk]
+    work = compute_dtype(q.dtype)
+    u = q.to(work)  # H_e ... H_{a_i} q_i, for the chunks after the current one
+    # a non-finite transform would spread through its chunk's T: run it as the identity,
+    # then give NaN to the queries whose products include it (their keys before it)
+    gates = k_gates[..., : dim + 1].to(work)
+    bad = ~torch.isfinite(gates).all(-1)  # [B, H, Tk]
+    gates = torch.where(bad.unsqueeze(-1), 0.0, gates)
+    w, t = _chunk_transforms(gates[..., :dim], gates[..., dim], chunk)
+    keys = F.pad(k.to(work), (0, 0, 0, -num_keys % chunk)).view(w.shape)  # [B, H, N, c, D]
+    later = torch.triu(torch.ones(chunk, chunk, dtype=torch.bool, device=q.device), 1)
+    zk = torch.where(later, keys @ w.transpose(-2, -1), 0.0)  # w_r . k_j for r > j
+    rows = torch.arange(chunk, device=q.device, dtype=work)
+    q_index = q_gates[..., dim + 1].to(work)  # a_i, [B, H, Tq]
+    columns = []
+    for n in range(w.shape[2] - 1, -1, -1):  # the chunk [n c, (n + 1) c) of keys
+        reach = rows <= (q_index - n * chunk).unsqueeze(-1)  # H_{nc + r} before a_i
+        v = torch.where(reach, u @ w[:, :, n].transpose(-2, -1), 0.0)
+        v = v @ t[:, :, n].transpose(-2, -1)  # [B, H, Tq, c]
+        columns.append(u @ keys[:, :, n].transpose(-2, -1) - v @ zk[:, :, n].transpose(-2, -1))
+        u = u - v @ w[:, :, n]  # through the chunk's transforms up to a_i
+    logits = torch.cat(columns[::-1], dim=-1)[..., :num_keys] * dim**-0.5  # [B, H, Tq, Tk]
     probs = torch.softmax(logits.masked_fill(~visible, float("-inf")), dim=-1)
-    return torch.where(visible, probs, 0.0).to(q.dtype)
+    probs = torch.where(visible, probs, 0.0)
+    at = q_index.long().clamp(0, num_keys - 1)  # each query's own index among the keys
+    poisoned = (bad.cumsum(-1) > 0).gather(-1, at)  # a bad H_t with t <= a_i
+    return torch.where(poisoned.unsqueeze(-1), float("nan"), probs).to(q.dtype)
 
 
 @register(
@@ -105,6 +141,7 @@ class PaTH(PositionalEncoding):
         d_model: ``C``, the width of the layer's input.
         num_heads: ``H``.
         head_dim: ``D``; None: ``d_model // num_heads``.
+        chunk_size: keys per step of the sweep (``path_weights``).
         causal: must be True.
 
     Attributes:
@@ -119,7 +156,13 @@ class PaTH(PositionalEncoding):
     causal_only = True
 
     def __init__(
-        self, d_model: int, num_heads: int, *, head_dim: int | None = None, causal: bool = True
+        self,
+        d_model: int,
+        num_heads: int,
+        *,
+        head_dim: int | None = None,
+        chunk_size: int = 32,
+        causal: bool = True,
     ) -> None:
         super().__init__()
         if not check_bool("causal", causal):
@@ -128,6 +171,7 @@ class PaTH(PositionalEncoding):
         self.num_heads = check_int("num_heads", num_heads)
         default = max(self.d_model // self.num_heads, 1)
         self.head_dim = check_int("head_dim", default if head_dim is None else head_dim)
+        self.chunk_size = check_int("chunk_size", chunk_size)
         self.direction = nn.Linear(self.d_model, self.num_heads * self.head_dim, bias=False)
         self.strength = nn.Linear(self.d_model, self.num_heads)
 
@@ -158,7 +202,10 @@ class PaTH(PositionalEncoding):
         mask: Tensor | None = None,
     ) -> Tensor:
         """``[B, H, Tq, Tk]`` weights (``path_weights``)."""
-        return path_weights(q, k, q_pos, k_pos, q_gates, k_gates, mask)
+        return path_weights(q, k, q_pos, k_pos, q_gates, k_gates, mask, chunk_size=self.chunk_size)
 
     def extra_repr(self) -> str:
-        return f"d_model={self.d_model}, num_heads={self.num_heads}, head_dim={self.head_dim}"
+        return (
+            f"d_model={self.d_model}, num_heads={self.num_heads}, head_dim={self.head_dim}, "
+            f"chunk_size={self.chunk_size}"
+        )
