@@ -52,9 +52,11 @@ from diffusers.models.transformers import (
     transformer_kandinsky6,
     transformer_kandinsky6_sr,
     transformer_krea2,
+    transformer_longcat_audio_dit,
     transformer_longcat_image,
     transformer_lumina2,
     transformer_minimax_h3,
+    transformer_minimax_music3,
     transformer_motif_video,
     transformer_nucleusmoe_image,
     transformer_ovis_image,
@@ -336,6 +338,31 @@ def _stable_audio3(config, grid):
     return "real_half", angles.cos(), angles.sin(), rotate
 
 
+def _longcat_audio(config, grid):
+    tokens = grid[0] * grid[1] * grid[2]
+    width = config["dit_dim"] // config["dit_heads"]
+    module = transformer_longcat_audio_dit.AudioDiTRotaryEmbedding(width, 2048, base=100000.0)
+    cos, sin = module(torch.zeros(1, tokens, 1))
+
+    def rotate(x):
+        out = transformer_longcat_audio_dit._apply_rotary_emb(x.transpose(1, 2), (cos, sin))
+        return out.transpose(1, 2)
+
+    return "real_half", cos, sin, rotate
+
+
+def _minimax_music3(config, grid):
+    tokens = grid[0] * grid[1] * grid[2]
+    module = transformer_minimax_music3.MiniMaxMusic3RotaryEmbedding(config["rotary_dim"])
+    cos, sin = module(tokens, torch.device("cpu"))
+
+    def rotate(x):
+        out = transformer_minimax_music3._apply_partial_rotary_emb(x.transpose(1, 2), (cos, sin))
+        return out.transpose(1, 2)
+
+    return "real_half", cos, sin, rotate
+
+
 def _kandinsky(module_cls):
     def reference(config, grid):
         f, h, w = grid
@@ -595,6 +622,11 @@ ROPE_CASES = [
     ),
     Case(
         "AceStepTransformer1DModel", {"head_dim": 16, "rope_theta": 1e6}, (9, 1, 1), _ace_step
+    ),
+    Case("LongCatAudioDiTTransformer", {"dit_dim": 32, "dit_heads": 2}, (9, 1, 1), _longcat_audio),
+    Case(
+        "MiniMaxMusic3Transformer1DModel", {"attention_head_dim": 16, "rotary_dim": 8}, (8, 1, 1),
+        _minimax_music3,
     ),
     Case("StableAudioDiTModel", {"attention_head_dim": 16}, (11, 1, 1), _stable_audio),
     Case("StableAudio3DiTModel", {"embed_dim": 48, "num_heads": 2}, (10, 1, 1), _stable_audio3),
