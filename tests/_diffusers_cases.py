@@ -452,7 +452,9 @@ def _hunyuan_dit(config, grid):
 def _lumina_next(config, grid):
     _, h, w = grid
     head_dim = config["hidden_size"] // config["num_attention_heads"]
-    return "complex", E.get_2d_rotary_pos_embed_lumina(head_dim, h, w).reshape(h * w, -1)
+    factors = {key: config.get(key, 1.0) for key in ("linear_factor", "ntk_factor")}
+    table = E.get_2d_rotary_pos_embed_lumina(head_dim, h, w, **factors)
+    return "complex", table.reshape(h * w, -1)
 
 
 def _patch_embed(config, grid):
@@ -698,6 +700,11 @@ ROPE_CASES = [
     Case(
         "LuminaNextDiT2DModel", {"hidden_size": 32, "num_attention_heads": 2}, (1, 3, 5),
         _lumina_next,
+    ),
+    Case(
+        "LuminaNextDiT2DModel",
+        {"hidden_size": 32, "num_attention_heads": 2, "ntk_factor": 2.0, "linear_factor": 1.5},
+        (1, 4, 3), _lumina_next, "scaled",
     ),
 ]  # fmt: skip
 

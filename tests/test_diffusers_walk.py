@@ -102,5 +102,7 @@ def test_unknown_class_and_bad_configs_raise():
         from_diffusers({"attention_head_dim": 64})
     with pytest.raises(TypeError, match="config must be"):
         from_diffusers(3)
+    with pytest.raises(ValueError, match="use_learned_positional_embeddings"):
+        from_diffusers("CogVideoXTransformer3DModel", use_learned_positional_embeddings=True)
     with pytest.raises(ValueError, match="axis_dim must be 3 even sizes"):
         from_diffusers("FluxTransformer2DModel", axes_dims_rope=(16, 56, 64))

@@ -91,7 +91,8 @@ def diffusers_positions(
 
     Keys a pipeline takes from the call rather than the config go in ``overrides``:
     ``caption_length`` (Lumina 2, Z-Image, Qwen-Image 2.1), ``rope_offsets`` and
-    ``rope_stride`` (Wan-Animate 2), ``scale_factor`` (Kandinsky).
+    ``rope_stride`` (Wan-Animate 2), ``scale_factor`` (Kandinsky), ``linear_factor``
+    (Lumina-Next; its ``ntk_factor`` goes to ``from_diffusers``).
 
     Raises:
         ValueError: a size below 1; see ``from_diffusers``.

@@ -122,8 +122,18 @@ def _hunyuan_dit_positions(config: Config, frames: int, height: int, width: int)
 
 
 def _lumina_next(config: Config) -> AxialRope:
+    """Base ``10000 ntk_factor``: the pipeline's time-aware scaling (Lumina-Next, Zhuo et al.
+    2024, sec. 2.3) passes ``ntk_factor`` or ``linear_factor`` (keys of the call, default 1)."""
     width = int(need(config, "hidden_size")) // int(need(config, "num_attention_heads"))
-    return AxialRope(width, cyclic=True, pairs="interleaved")
+    base = 10000.0 * float(config.get("ntk_factor", 1.0))
+    return AxialRope(width, base=base, cyclic=True, pairs="interleaved")
+
+
+def _lumina_next_positions(config: Config, frames: int, height: int, width: int) -> Tensor:
+    """Rows and columns, divided by ``linear_factor`` when it is not 1."""
+    factor = float(config.get("linear_factor", 1.0))
+    positions = _rows_columns(config, frames, height, width)
+    return positions if factor == 1.0 else positions.double() / factor
 
 
 def _rows_columns(config: Config, frames: int, height: int, width: int) -> Tensor:
@@ -250,7 +260,7 @@ IMAGE_FAMILIES: tuple[Family, ...] = (
         "get_2d_rotary_pos_embed",
     ),
     row(
-        "Lumina-Next 2-D RoPE", "LuminaNextDiT2DModel", _lumina_next, _rows_columns,
+        "Lumina-Next 2-D RoPE", "LuminaNextDiT2DModel", _lumina_next, _lumina_next_positions,
         "get_2d_rotary_pos_embed_lumina",
     ),
     row(

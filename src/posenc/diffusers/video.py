@@ -158,6 +158,17 @@ def _cogvideox_dims(width: int) -> tuple[int, int, int]:
 
 
 def _cogvideox(config: Config) -> PositionalEncoding:
+    """The 5B's RoPE or the 2B's sin-cos table.
+
+    Raises:
+        ValueError: ``use_learned_positional_embeddings`` (CogVideoX-5b-I2V), whose added
+            table is loaded from the checkpoint (weights, not a formula).
+    """
+    if config.get("use_learned_positional_embeddings"):
+        raise ValueError(
+            "use_learned_positional_embeddings=True adds a position table loaded from the "
+            "checkpoint (CogVideoX-5b-I2V) beside the RoPE; posenc does not build it"
+        )
     if config.get("use_rotary_positional_embeddings"):
         return axes_rope(head_dim(config), _cogvideox_dims(head_dim(config)), 10000.0)
     width = head_dim(config) * int(need(config, "num_attention_heads"))
