@@ -24,7 +24,7 @@ from diffusers.models.modeling_utils import ModelMixin  # noqa: E402
 
 from _diffusers_cases import NOPE_CLASSES, ROPE_CASES, TABLE_CASES  # noqa: E402
 from posenc import PositionalEncoding  # noqa: E402
-from posenc.diffusers import FAMILIES, from_diffusers  # noqa: E402
+from posenc.diffusers import FAMILIES, diffusers_positions, from_diffusers  # noqa: E402
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "diffusers.md"
 
@@ -104,5 +104,7 @@ def test_unknown_class_and_bad_configs_raise():
         from_diffusers(3)
     with pytest.raises(ValueError, match="use_learned_positional_embeddings"):
         from_diffusers("CogVideoXTransformer3DModel", use_learned_positional_embeddings=True)
+    with pytest.raises(ValueError, match="use_layer3d_rope"):
+        diffusers_positions("QwenImageTransformer2DModel", height=2, width=2, use_layer3d_rope=True)
     with pytest.raises(ValueError, match="axis_dim must be 3 even sizes"):
         from_diffusers("FluxTransformer2DModel", axes_dims_rope=(16, 56, 64))

@@ -1,5 +1,5 @@
 """The diffusion transformers' positions: one table, one row per family of diffusers model
-classes (``posenc.diffusers.image``, ``posenc.diffusers.video``, ``posenc.diffusers.audio``).
+classes (``posenc.diffusers.image``, ``.tables``, ``.video``, ``.audio``).
 
 A row says which posenc module a model's config gives and where its image/video tokens
 sit. The RoPE families are all ``AxialRope`` with one feature block per axis and
@@ -14,11 +14,12 @@ from __future__ import annotations
 from posenc.diffusers._common import Family
 from posenc.diffusers.audio import AUDIO_FAMILIES
 from posenc.diffusers.image import IMAGE_FAMILIES
+from posenc.diffusers.tables import TABLE_FAMILIES
 from posenc.diffusers.video import VIDEO_FAMILIES
 
 __all__ = ["FAMILIES", "Family", "family_of"]
 
-FAMILIES: tuple[Family, ...] = IMAGE_FAMILIES + VIDEO_FAMILIES + AUDIO_FAMILIES
+FAMILIES: tuple[Family, ...] = IMAGE_FAMILIES + TABLE_FAMILIES + VIDEO_FAMILIES + AUDIO_FAMILIES
 
 
 def family_of(class_name: str) -> Family:

@@ -19,10 +19,7 @@ Shapes: ``D`` head_dim, ``C`` d_model, ``H x W`` patches, ``N = H W`` image toke
   CogView4 resamples rows and columns onto ``rope_axes_dim`` positions.
 * Ideogram 4: Qwen3-VL's interleaved M-RoPE (``posenc.MRoPE``, positions ``[3, N]``), the
   image at ``(0, y, x)`` shifted by 65536.
-* DiT (Peebles & Xie 2023), PixArt-α (Chen et al. 2023) and SD3 (Esser et al. 2024) add
-  a 2-D sin-cos table (``GridSinCos``; CogView3-Plus reads the top-left of a
-  ``pos_embed_max_size`` table at integer rows and columns); Sana (Xie et al. 2024) has
-  none (``NoPE``) unless its config sets ``interpolation_scale``; DreamLite has none.
+* The sin-cos tables and the models without positions: ``posenc.diffusers.tables``.
 """
 
 from __future__ import annotations
@@ -30,7 +27,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from posenc.base import PositionalEncoding
 from posenc.diffusers._common import (
     Config,
     Family,
@@ -44,10 +40,7 @@ from posenc.diffusers.grids import (
     centred_positions,
     crop_positions,
     grid_positions,
-    sincos_positions,
 )
-from posenc.diffusers.sincos import GridSinCos
-from posenc.encodings.nope import NoPE
 from posenc.encodings.rotary.axial import AxialRope
 from posenc.encodings.rotary.mrope import MRoPE
 
@@ -74,6 +67,18 @@ def _ids(config: Config, frames: int, height: int, width: int) -> Tensor:
 
 
 def _qwen(config: Config, frames: int, height: int, width: int) -> Tensor:
+    """Centred rows and columns.
+
+    Raises:
+        ValueError: ``use_layer3d_rope`` (Qwen-Image-Layered): its layers and condition image
+            are numbered by ``QwenEmbedLayer3DRope``, not built here (the rotation is the same;
+            pass its positions to ``rotate`` yourself).
+    """
+    if config.get("use_layer3d_rope"):
+        raise ValueError(
+            "use_layer3d_rope=True (Qwen-Image-Layered) numbers layers and the condition image "
+            "its own way; diffusers_positions does not build them (the RoPE module is the same)"
+        )
     return centred_positions(frames, height, width)
 
 
@@ -168,56 +173,6 @@ def _ideogram4_positions(config: Config, frames: int, height: int, width: int) -
     return (grid_positions(frames, height, width) + IDEOGRAM4_IMAGE_OFFSET).T.contiguous()
 
 
-def _sincos_2d(config: Config) -> GridSinCos:
-    return GridSinCos(head_dim(config) * int(need(config, "num_attention_heads")))
-
-
-def _sincos_2d_positions(config: Config, frames: int, height: int, width: int) -> Tensor:
-    """DiT and SD3: interpolation scale 1 (SD3 crops a ``pos_embed_max_size`` table)."""
-    base = int(need(config, "sample_size")) // int(need(config, "patch_size"))
-    return sincos_positions(
-        height, width, base_size=base, max_size=config.get("pos_embed_max_size")
-    )
-
-
-def _sana(config: Config) -> PositionalEncoding:
-    """Sana: no positional encoding (NoPE) unless ``interpolation_scale`` is set."""
-    return NoPE() if config.get("interpolation_scale") is None else _sincos_2d(config)
-
-
-def _sana_positions(config: Config, frames: int, height: int, width: int) -> Tensor:
-    scale = config.get("interpolation_scale")
-    if scale is None:
-        return _rows_columns(config, frames, height, width)  # NoPE reads none
-    base = int(need(config, "sample_size")) // int(need(config, "patch_size"))
-    return sincos_positions(height, width, base_size=base, interpolation_scale=float(scale))
-
-
-def _transformer2d(config: Config) -> PositionalEncoding:
-    """Transformer2DModel by input kind: patches get PixArt's sin-cos table, continuous
-    inputs (a convolution in) none.
-
-    Raises:
-        ValueError: discrete inputs (``num_vector_embeds``), whose learned row and column
-            tables are checkpoint weights.
-    """
-    if config.get("num_vector_embeds") is not None:
-        raise ValueError(
-            "Transformer2DModel with num_vector_embeds (discrete inputs) adds learned "
-            "ImagePositionalEmbeddings tables (checkpoint weights); posenc does not build them"
-        )
-    return NoPE() if config.get("patch_size") is None else _sincos_2d(config)
-
-
-def _pixart_positions(config: Config, frames: int, height: int, width: int) -> Tensor:
-    """PixArt: ``interpolation_scale`` from the config, else ``max(sample_size // 64, 1)``."""
-    size = int(need(config, "sample_size"))
-    scale = config.get("interpolation_scale")
-    scale = max(size // 64, 1) if scale is None else float(scale)
-    base = size // int(need(config, "patch_size"))
-    return sincos_positions(height, width, base_size=base, interpolation_scale=scale)
-
-
 IMAGE_FAMILIES: tuple[Family, ...] = (
     row(
         "Flux axes RoPE",
@@ -274,31 +229,5 @@ IMAGE_FAMILIES: tuple[Family, ...] = (
     row(
         "Ideogram 4 M-RoPE", "Ideogram4Transformer2DModel", _ideogram4, _ideogram4_positions,
         "Ideogram4MRoPE",
-    ),
-    row(
-        "2-D sin-cos table", "DiTTransformer2DModel SD3Transformer2DModel", _sincos_2d,
-        _sincos_2d_positions, "PatchEmbed (get_2d_sincos_pos_embed)",
-    ),
-    row(
-        "Sana: NoPE, or a 2-D sin-cos table", "SanaTransformer2DModel", _sana, _sana_positions,
-        "PatchEmbed (pos_embed_type None or sincos)",
-    ),
-    row(
-        "CogView3-Plus 2-D sin-cos table (top-left of the max table)",
-        "CogView3PlusTransformer2DModel", _sincos_2d, _rows_columns,
-        "CogView3PlusPatchEmbed",
-    ),
-    row(
-        "DreamLite: none", "DreamLiteTransformer2DModel", lambda config: NoPE(), _rows_columns,
-        "BasicTransformerBlockDreamLite (built without positional_embeddings)",
-    ),
-    row(
-        "PixArt 2-D sin-cos table", "PixArtTransformer2DModel", _sincos_2d, _pixart_positions,
-        "PatchEmbed (get_2d_sincos_pos_embed)",
-    ),
-    row(
-        "Transformer2DModel: PixArt's table (patches) or NoPE (continuous)",
-        "Transformer2DModel", _transformer2d, _pixart_positions,
-        "PatchEmbed (get_2d_sincos_pos_embed)",
     ),
 )  # fmt: skip
