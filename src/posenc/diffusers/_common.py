@@ -12,6 +12,7 @@ from typing import Any
 from torch import Tensor
 
 from posenc.base import PositionalEncoding
+from posenc.diffusers.grids import grid_positions
 from posenc.encodings.rotary.axial import AxialRope
 
 Config = Mapping[str, Any]
@@ -72,6 +73,11 @@ def axes_rope(head_dim: int, dims: Sequence[int], base: float) -> AxialRope:
     return AxialRope(
         int(head_dim), base=float(base), axis_order=order, pairs="interleaved", axis_dim=dims
     )
+
+
+def rows_columns(config: Config, frames: int, height: int, width: int) -> Tensor:
+    """Image positions ``(y, x)`` ``[H W, 2]`` int64, row-major (one frame)."""
+    return grid_positions(1, height, width)[:, 1:]
 
 
 def resize_crop(grid: tuple[int, int], base: tuple[int, int]) -> tuple[tuple[int, int], ...]:

@@ -35,6 +35,7 @@ from posenc.diffusers._common import (
     need,
     resize_crop,
     row,
+    rows_columns,
 )
 from posenc.diffusers.grids import (
     centred_positions,
@@ -137,12 +138,8 @@ def _lumina_next(config: Config) -> AxialRope:
 def _lumina_next_positions(config: Config, frames: int, height: int, width: int) -> Tensor:
     """Rows and columns, divided by ``linear_factor`` when it is not 1."""
     factor = float(config.get("linear_factor", 1.0))
-    positions = _rows_columns(config, frames, height, width)
+    positions = rows_columns(config, frames, height, width)
     return positions if factor == 1.0 else positions.double() / factor
-
-
-def _rows_columns(config: Config, frames: int, height: int, width: int) -> Tensor:
-    return grid_positions(1, height, width)[:, 1:]
 
 
 def _half_split_2d(config: Config) -> AxialRope:
@@ -187,7 +184,7 @@ IMAGE_FAMILIES: tuple[Family, ...] = (
         _flux2, _ids, "Flux2PosEmbed, Flux3PosEmbed, Krea2RotaryPosEmbed",
     ),
     row(
-        "PRX axes RoPE (rows, columns)", "PRXTransformer2DModel", _prx, _rows_columns,
+        "PRX axes RoPE (rows, columns)", "PRXTransformer2DModel", _prx, rows_columns,
         "PRXEmbedND (2x2 matrices)",
     ),
     row(
@@ -223,7 +220,7 @@ IMAGE_FAMILIES: tuple[Family, ...] = (
         "CogView4RotaryPosEmbed",
     ),
     row(
-        "GLM-Image 2-D RoPE", "GlmImageTransformer2DModel", _half_split_2d, _rows_columns,
+        "GLM-Image 2-D RoPE", "GlmImageTransformer2DModel", _half_split_2d, rows_columns,
         "GlmImageRotaryPosEmbed",
     ),
     row(

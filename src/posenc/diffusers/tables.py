@@ -14,16 +14,12 @@ from __future__ import annotations
 from torch import Tensor
 
 from posenc.base import PositionalEncoding
-from posenc.diffusers._common import Config, Family, head_dim, need, row
-from posenc.diffusers.grids import grid_positions, sincos_positions
+from posenc.diffusers._common import Config, Family, head_dim, need, row, rows_columns
+from posenc.diffusers.grids import sincos_positions
 from posenc.diffusers.sincos import GridSinCos
 from posenc.encodings.nope import NoPE
 
 __all__ = ["TABLE_FAMILIES"]
-
-
-def _rows_columns(config: Config, frames: int, height: int, width: int) -> Tensor:
-    return grid_positions(1, height, width)[:, 1:]
 
 
 def _sincos_2d(config: Config) -> GridSinCos:
@@ -46,7 +42,7 @@ def _sana(config: Config) -> PositionalEncoding:
 def _sana_positions(config: Config, frames: int, height: int, width: int) -> Tensor:
     scale = config.get("interpolation_scale")
     if scale is None:
-        return _rows_columns(config, frames, height, width)  # NoPE reads none
+        return rows_columns(config, frames, height, width)  # NoPE reads none
     base = int(need(config, "sample_size")) // int(need(config, "patch_size"))
     return sincos_positions(height, width, base_size=base, interpolation_scale=float(scale))
 
@@ -87,11 +83,11 @@ TABLE_FAMILIES: tuple[Family, ...] = (
     ),
     row(
         "CogView3-Plus 2-D sin-cos table (top-left of the max table)",
-        "CogView3PlusTransformer2DModel", _sincos_2d, _rows_columns,
+        "CogView3PlusTransformer2DModel", _sincos_2d, rows_columns,
         "CogView3PlusPatchEmbed",
     ),
     row(
-        "DreamLite: none", "DreamLiteTransformer2DModel", lambda config: NoPE(), _rows_columns,
+        "DreamLite: none", "DreamLiteTransformer2DModel", lambda config: NoPE(), rows_columns,
         "BasicTransformerBlockDreamLite (built without positional_embeddings)",
     ),
     row(
