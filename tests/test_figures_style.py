@@ -166,6 +166,31 @@ def test_lab_position_figure_compares(lab_figures):
     _texts_inside(fig, tight=True)
 
 
+def test_lab_learning_figure_compares(monkeypatch, tmp_path):
+    import matplotlib.pyplot as plt
+
+    from posenc.lab import curves
+
+    results = _results()
+    for run in results["runs"]:
+        run["train"] = {
+            "curve": [[s, 5.0 / (1 + s / 50) + 0.1 * run["seed"]] for s in range(0, 400, 20)]
+        }
+    results["runs"] += [
+        dict(run, encoding=name) for name in ("rope", "alibi") for run in results["runs"][:2]
+    ]
+    closed = []
+    close = plt.close
+    monkeypatch.setattr(plt, "close", lambda fig: (closed.append(fig), close(fig)))
+    curves.draw_learning(results, tmp_path, plt)
+    ax = closed[0].axes[0]
+    rows = _rows(ax)
+    assert len(rows) == 3 and len(set(rows.values())) == 3
+    assert all(marker not in ("None", "", None) for _, marker in rows.values())
+    assert "loss" in ax.get_ylabel() and "step" in ax.get_xlabel()
+    _texts_inside(closed[0], tight=True)
+
+
 def test_one_seed_claims_no_interval(lab_figures):
     figures = lab_figures(_results(seeds=1))
     title = figures["perplexity.png"].axes[0].get_title()

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from posenc.lab.results import write_bytes
-from posenc.palette import style
+from posenc.palette import styles
 
 __all__ = ["LEARNING", "STILL", "budget_sentence", "curves", "draw_learning", "late_slope"]
 
@@ -79,12 +79,14 @@ def draw_learning(results: dict, out: Path, plt) -> Path | None:
     if not found:
         return None
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    looks = styles(found)  # a colour and a marker of its own per encoding
     for name, each in found.items():
         length = min(len(c) for c in each)
         steps = [s for s, _ in each[0][:length]]
         mean = np.mean([[v for _, v in c[:length]] for c in each], axis=0)
-        look = style(name)
-        ax.plot(steps, mean, color=look.color, label=f"{name} ({len(each)} seeds)")
+        look = looks[name]
+        ax.plot(steps, mean, color=look.color, marker=look.marker, markevery=max(1, length // 8),
+                markersize=4, label=f"{name} ({len(each)} seeds)")  # fmt: skip
     ax.set_xlabel("step")
     ax.set_ylabel("training loss (nats per token)")
     ax.set_title("Learning curves: mean over seeds")
