@@ -5,6 +5,7 @@ Public API re-exports only; see each module for shapes, formulas and citations.
 
 from posenc.attention import MultiHeadAttention
 from posenc.base import Compose, PositionalEncoding, Site, available, build, info, register
+from posenc.diffusers import from_diffusers
 from posenc.encodings import (
     FIRE,
     KERPLE,
@@ -95,6 +96,7 @@ __all__ = [
     "axial_positions",
     "build",
     "dinov3_positions",
+    "from_diffusers",
     "from_hf_config",
     "info",
     "mrope_decode_positions",
