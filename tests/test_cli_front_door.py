@@ -70,6 +70,8 @@ def test_explain_says_only_m_minus_n_matters_exactly_when_its_numbers_agree(caps
         (["show", "rope-spectrum", "--len", "2048"], "--len"),
         (["show", "rope-rotation", "--dim", "8"], "--dim"),
         (["show", "alibi", "--table", "x.pt"], "--table"),
+        (["explain", "rope", "--heads", "8"], "--heads"),
+        (["explain", "alibi", "--dim", "64"], "--dim"),
         (["lab", "--train-len", "0"], "--train-len"),
         (["lab", "--layers", "0"], "--layers"),
         (["lab", "--d-model", "30"], "--heads"),

@@ -101,7 +101,7 @@ def test_rope_tour_rotated_dot_product(capsys):
 
 
 def test_alibi_tour_bias_and_attention(capsys):
-    out = run(capsys, "alibi", "--dim", "8", "--len", "12", "--heads", "4")
+    out = run(capsys, "alibi", "--len", "12", "--heads", "4")
     slope = 2.0 ** (-8.0 / 4)  # head 0 of 4
     rows = [line.split() for line in out.splitlines() if line.startswith("  3 ")]
     assert [float(v) for v in rows[0][1:5]] == pytest.approx([-3 * slope, -2 * slope, -slope, 0])
@@ -112,7 +112,13 @@ def test_alibi_tour_bias_and_attention(capsys):
 
 @pytest.mark.parametrize("name", posenc.available())
 def test_every_encoding_has_a_tour(capsys, name):
-    out = run(capsys, name, "--dim", "8", "--len", "12", "--heads", "2")
+    entry = posenc.info(name)  # only the options that apply to it (the others are refused)
+    positional = entry.sites == posenc.Site.SCORE and (
+        entry.cls.offset_only or entry.cls.positional_bias
+    )
+    options = ([] if positional else ["--dim", "8"]) + ["--len", "12"]
+    options += ["--heads", "2"] if entry.sites & posenc.Site.SCORE else []
+    out = run(capsys, name, *options)
     assert name in out.splitlines()[0]
     assert len(out.splitlines()) > 5
 
