@@ -121,6 +121,25 @@ def test_a_truncated_library_is_never_loaded(tmp_path, compiler):
         assert cpu_kernel._sha256(library) == cpu_kernel._sha256(cpu_kernel.library_path())
 
 
+@pytest.mark.slow
+@needs_kernel
+def test_processes_starting_together_build_once(tmp_path):
+    """Two first uses at once on an empty cache: one builds under the lock, the other
+    waits and loads the recorded library; both run the kernel."""
+    environ = {**os.environ, cpu_kernel.ENV_CACHE: str(tmp_path)}
+    environ.pop(cpu_kernel.ENV_SWITCH, None)
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True, env=environ
+        )
+        for _ in range(2)
+    ]
+    outputs = [child.communicate()[0] for child in children]
+    assert [child.returncode for child in children] == [0, 0]
+    assert all(out.startswith(cpu_kernel.ACTIVE) for out in outputs), outputs
+    assert len(list(tmp_path.rglob("*.so.sha256"))) == 1
+
+
 @needs_kernel
 def test_the_operator_guards_memory_whoever_calls_it(gen):
     """``posenc_cpu::rope_into`` reads lazy negation and zero tensors as their values
