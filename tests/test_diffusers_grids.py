@@ -234,3 +234,15 @@ def test_angles_stay_float64_for_large_positions():
     cos, _ = rope.cos_sin(torch.tensor([[0, 0, 257]]), dtype=torch.bfloat16)
     expected = math.cos(257 * 10000.0 ** (-0.0))
     assert abs(float(cos[0, -2]) - expected) < 2**-7
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 40), st.integers(1, 40), st.integers(1, 40), st.integers(1, 40))
+def test_resize_crop_is_diffusers_crop_region(h, w, th, tw):
+    """``resize_crop`` gives the region of CogVideoX's ``get_resize_crop_region_for_grid``."""
+    pytest.importorskip("diffusers")
+    from diffusers.pipelines.cogvideo.pipeline_cogvideox import get_resize_crop_region_for_grid
+
+    from posenc.diffusers._common import resize_crop
+
+    assert resize_crop((h, w), (th, tw)) == get_resize_crop_region_for_grid((h, w), tw, th)
