@@ -17,9 +17,12 @@ Shapes: ``D`` head_dim, ``R`` rotary dim. One ``Family`` per ``model_type`` says
 * ``scheme``: built by ``posenc.hf.schemes.build_scheme`` instead (M-RoPE, 2-D axial,
   proportional p-RoPE, position temperature);
 * ``layers``: the per-layer rule of ``posenc.hf.layer_plan``: ``"no_rope_layers"`` (Llama 4,
-  SmolLM3: 0 marks a NoPE layer), ``"sliding_rope"`` (Cohere2: only sliding-window layers
-  rotate), ``"layer_rope_theta"`` (Granite SWA: a base per layer, 0 for NoPE),
-  ``"rope_scaling_layers"`` (Molmo 2: the scaling only on the listed layers);
+  SmolLM3: 0 marks a NoPE layer), ``"sliding_rope"`` (Cohere2, Flint: only sliding-window
+  layers rotate), ``"local_rope"`` (AFMoE), ``"sliding_rope_or_all"`` (EXAONE 4),
+  ``"sliding_rope_dense"`` (Cohere2-MoE), ``"layer_rope_theta"`` (Granite SWA: a base per
+  layer, 0 for NoPE), ``"rope_scaling_layers"`` (Molmo 2: the scaling only on the listed
+  layers); ``posenc.hf.layers`` says each rule, written from the family's attention code
+  (which layers call the rotation) and checked layer by layer against the real model;
 * ``fields``: the family's own position fields that posenc reads. Any other config field
   whose name mentions rope/rotary/positions with a value set raises ``ValueError``;
 * ``clockwise``: pairs rotate by ``-theta`` (NanoChat's ``rotate_half`` flips the signs;
@@ -94,13 +97,13 @@ GPTJ = Family(
 )
 
 _HALF_SPLIT = """
-afmoe apertus arcee aria_text bamba bitnet chameleon csm cwm deepseek_ocr2_text diffllama
-doge dots1 dots3_note_audio_encoder eurobert exaone4 exaone_moe falcon apertus1p5_text
-falcon_h1 flex_olmo flint lara_mini gemma gemma2 gpt_neox gpt_neox_japanese gradium_phonon_tts
+apertus arcee aria_text bamba bitnet chameleon csm cwm deepseek_ocr2_text diffllama
+doge dots1 dots3_note_audio_encoder eurobert falcon apertus1p5_text
+falcon_h1 flex_olmo lara_mini gemma gemma2 gpt_neox gpt_neox_japanese gradium_phonon_tts
 granite
 granite4_vision_text granite_docling_text granitemoe granitemoehybrid granitemoeshared gte
 higgs_audio_v2 hrm_text hunyuan_v1_dense hunyuan_v1_moe hy_v3 hyperclovax idefics jais2
-jina_embeddings_v3 kolibri1 kyutai_speech_to_text laguna lasr_encoder lfm2 lfm2_moe llama
+jina_embeddings_v3 kyutai_speech_to_text laguna lasr_encoder lfm2 lfm2_moe llama
 mellum mimi mimo_v2_flash minimax minimax_m2 ministral mistral mixtral mllama_text_model
 modernbert modernbert-decoder molmo2_text moshi muse_glimmer_assistant nemotron
 nemotron3_5_transcribe_asr_audio neucodec nomic_bert olmo olmo2 olmo3 olmo_hybrid olmoe
@@ -112,7 +115,7 @@ qwen3_omni_moe_talker_code_predictor dia_encoder dia_decoder t5_gemma_module
 deepseek_ocr2_encoder nemotron3_diarization_audio
 """
 _INTERLEAVED = """
-cohere cohere2_moe ernie4_5 ernie4_5_moe glm glm4 helium moonshine_streaming
+cohere ernie4_5 ernie4_5_moe glm glm4 helium moonshine_streaming
 pe_audio_encoder pe_audio_video_encoder pe_video_encoder openai_privacy_filter
 blt_local_encoder blt_local_decoder blt_global_transformer blt_patcher
 """
@@ -184,6 +187,10 @@ FAMILIES: dict[str, Family] = {
     "gptj": GPTJ,
     "codegen": GPTJ,
     "cohere2": Family(layout="interleaved", layers="sliding_rope"),
+    "cohere2_moe": Family(layout="interleaved", layers="sliding_rope_dense"),
+    "flint": Family(layers="sliding_rope"),
+    "afmoe": Family(layers="local_rope"),
+    **dict.fromkeys(("exaone4", "exaone_moe", "kolibri1"), Family(layers="sliding_rope_or_all")),
     "dbrx": Family(head_dim=(), hidden="d_model", heads="n_heads"),
     "jetmoe": Family(head_dim=("kv_channels",), fields=frozenset({"kv_channels"})),
     "zamba2": Family(head_dim=("attention_head_dim",), fields=frozenset({"use_mem_rope"})),

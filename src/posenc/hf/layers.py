@@ -59,11 +59,27 @@ def _layer_override(cfg: Mapping[str, Any], fam: Family, index: int) -> dict[str
     if fam.layers == "layer_rope_theta" and cfg.get("layer_rope_theta"):
         theta = float(cfg["layer_rope_theta"][index])
         return {"rope_theta": theta} if theta else None
-    if fam.layers == "sliding_rope":
-        return {} if (layer_types_of(cfg) or [])[index] == "sliding_attention" else None
+    if fam.layers in ("sliding_rope", "local_rope", "sliding_rope_or_all", "sliding_rope_dense"):
+        return {} if _rotates(cfg, fam.layers, index) else None
     if fam.layers == "rope_scaling_layers" and index not in (cfg.get("rope_scaling_layers") or ()):
         return {"rope_type": "default"}  # the base and partial rotary stay, the scaling goes
     return {}
+
+
+def _rotates(cfg: Mapping[str, Any], rule: str, index: int) -> bool:
+    """Whether layer ``index`` rotates under a sliding-window rule (module docstring)."""
+    sliding = (layer_types_of(cfg) or [])[index] == "sliding_attention"
+    window = cfg.get("sliding_window") is not None
+    if rule == "local_rope":
+        return sliding
+    if rule == "sliding_rope_or_all":
+        return sliding or not window
+    if rule == "sliding_rope_dense":  # Cohere2-MoE: also the dense-MLP prefix layers
+        dense = (cfg.get("mlp_layer_types") or [None] * (index + 1))[index] == "dense"
+        return (sliding and window) or (
+            dense and cfg.get("prefix_dense_sliding_window_pattern") == 1
+        )
+    return sliding and window
 
 
 def _scheme(name: str, cfg: dict[str, Any], layer_type: str | None, layer_idx: int | None):

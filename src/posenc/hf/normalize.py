@@ -18,7 +18,13 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["config_class", "through_config_class", "with_attribute_map"]
+__all__ = ["ReadConfig", "config_class", "through_config_class", "with_attribute_map"]
+
+
+class ReadConfig(dict):
+    """A config dict already read as transformers reads it (not read again): what
+    ``posenc.hf.config.as_config_dict`` returns, and what posenc derives from one (a
+    scaling applied by ``posenc.hf.patch``, which the family's class may not list)."""
 
 
 @functools.cache
@@ -39,13 +45,13 @@ def config_class(model_type: object) -> type | None:
     return mapping[model_type]
 
 
-def with_attribute_map(cfg: dict[str, Any], cls: type) -> dict[str, Any]:
+def with_attribute_map(cfg: dict[str, Any], cls: type) -> ReadConfig:
     """``cfg`` with the class's standard names (``attribute_map``) beside the family's own,
     where the standard one is absent."""
     for standard, own in getattr(cls, "attribute_map", {}).items():
         if standard not in cfg and own in cfg:
             cfg[standard] = cfg[own]
-    return cfg
+    return ReadConfig(cfg)
 
 
 @functools.lru_cache(maxsize=256)
@@ -60,7 +66,7 @@ def _normalized(text: str) -> str:
     except Exception as exc:  # transformers' own validation: any error type
         raise ValueError(
             f"config of model_type {raw['model_type']!r} is refused by transformers' "
-            f"{cls.__name__}: {type(exc).__name__}: {str(exc)[:300]}"
+            f"{cls.__name__}: {' '.join(str(exc).split())[:300]}"
         ) from exc
     finally:
         quiet.setLevel(level)
@@ -74,10 +80,10 @@ def through_config_class(config: Mapping[str, Any]) -> dict[str, Any]:
     Raises:
         ValueError: the config class refuses ``config``.
     """
-    if config_class(config.get("model_type")) is None:
-        return dict(config)
+    if isinstance(config, ReadConfig) or config_class(config.get("model_type")) is None:
+        return ReadConfig(config)
     try:
         text = json.dumps(config, sort_keys=True)
     except (TypeError, ValueError):  # not a config.json: values JSON cannot hold
-        return dict(config)
-    return copy.deepcopy(json.loads(_normalized(text)))
+        return ReadConfig(config)
+    return ReadConfig(copy.deepcopy(json.loads(_normalized(text))))

@@ -20,10 +20,20 @@ places, and ``unpatch`` puts each back:
 
 Length policy (dynamic NTK, LongRoPE; Peng et al. 2023 sec. 3.2, Ding et al. 2024):
 ``"monotone"`` (default) starts each sequence (an empty or absent cache) from the original
-frequencies, follows the longest length so far, and re-rotates the cached keys of every
-``DynamicCache`` layer (``posenc.rerotate_keys``) when the frequencies change, so decoding
-stays consistent with the keys it attends to; ``"transformers"`` reproduces transformers
-(frequencies from each call's length, cached keys left as they were rotated).
+frequencies and follows the longest length so far; when a cached forward changes the
+frequencies, the cache is recomputed with the new ones first (``patch_cache``), so every
+decoding step equals a full forward over the sequence, for any number of layers;
+``"transformers"`` reproduces transformers (frequencies from each call's length, cached keys
+left as they were rotated).
+
+Numerics: posenc forms the angles in float64 and rotates float32 inputs in float32 (bf16 and
+fp16 inputs in float32, rounded once), where transformers forms ``position * inv_freq`` in
+float32 and rotates in the model's dtype. In float32 a patched model's logits equal the
+original's to float32 rounding (a tolerance growing with the length and the layers) and its
+greedy tokens are identical in the tests. In bfloat16 they are not identical: each model
+rounds differently at every layer, so the patched and the original bf16 models are about
+equally far from the float32 model (the tests bound the patched one's error by twice the
+original's) and greedy tokens may differ where two logits are within bf16 rounding.
 """
 
 from __future__ import annotations
@@ -41,6 +51,7 @@ from torch import Tensor, nn
 from posenc._checks import check_bool
 from posenc.encodings.rotary.module import LENGTH_POLICIES, RotaryEmbedding
 from posenc.hf.config import as_config_dict, config_family, rope_from_hf_config
+from posenc.hf.normalize import ReadConfig
 from posenc.hf.patch_cache import CacheTracker, TrackerPostHook, TrackerPreHook
 from posenc.hf.patch_rotation import Rotation, measure_rotation, rebind, rotation_methods
 
@@ -48,6 +59,9 @@ __all__ = ["PatchedRotary", "patch", "patch_encodings", "unpatch"]
 
 _STATE = "_posenc_patch"
 PROBE_LENGTH = 8
+# per-layer rules whose layers need tables of their own (the others only say which layers
+# rotate, which the model's own attention code decides)
+_PER_LAYER_TABLES = ("layer_rope_theta", "rope_scaling_layers")
 _HOOKS = (TrackerPreHook, TrackerPostHook)
 _KEEP = ("rope_theta", "partial_rotary_factor")
 _ORIGINAL = "original_max_position_embeddings"
@@ -115,6 +129,11 @@ def _find_rotary(model: nn.Module, model_type: str) -> nn.Module:
 
 def _layer_types(cfg: Mapping[str, Any]) -> list[str | None]:
     params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    if not isinstance(params, Mapping):
+        raise ValueError(
+            f"rope_parameters must be a dict (or a dict per layer type), got "
+            f"{type(params).__name__} {params!r:.80}"
+        )
     nested = bool(params) and all(v is None or isinstance(v, Mapping) for v in params.values())
     return sorted(k for k, v in params.items() if v is not None) if nested else [None]
 
@@ -149,7 +168,7 @@ def _with_scaling(
             else params[t]
             for t in types_
         }
-    cfg = {**cfg, "rope_parameters": new_params, "rope_scaling": None}
+    cfg = ReadConfig({**cfg, "rope_parameters": new_params, "rope_scaling": None})
     if not per_type and scaling.get(_ORIGINAL) is not None and cfg.get(_ORIGINAL) is not None:
         cfg[_ORIGINAL] = scaling[_ORIGINAL]  # read before the dict's (Phi-3): the user's wins
     return cfg
@@ -174,7 +193,7 @@ def patch_encodings(
     """
     cfg, fam = config_family(config)
     model_type = str(cfg.get("model_type"))
-    if fam.scheme is not None or fam.layers is not None:
+    if fam.scheme is not None or fam.layers in _PER_LAYER_TABLES:
         raise ValueError(
             f"model_type {model_type!r} is not supported by posenc.hf.patch: its positions "
             f"differ from one rotary table per layer type ({fam.scheme or fam.layers})"
@@ -265,6 +284,8 @@ def _rotations(
         ) from exc
     encoding = encodings[None if layer_type == "None" else layer_type]
     cos, sin = encoding.cos_sin(torch.arange(3)[None], dtype=torch.float32)
+    floating = [b.dtype for b in original.buffers() if b.is_floating_point()]
+    precision = max(floating, key=lambda d: torch.finfo(d).eps, default=torch.float32)
     found: dict[tuple[str, str], Rotation] = {}
     for module, methods in attentions.items():
         namespace = inspect.unwrap(getattr(type(module), next(iter(methods)))).__globals__
@@ -275,7 +296,12 @@ def _rotations(
                     continue
                 try:
                     found[key] = measure_rotation(
-                        namespace[name], real, cos, sin, complex_tables=arrangement == "complex"
+                        namespace[name],
+                        real,
+                        cos,
+                        sin,
+                        complex_tables=arrangement == "complex",
+                        precision=precision,
                     )
                 except ValueError as exc:
                     raise ValueError(
@@ -415,7 +441,7 @@ def patch(
     parent.rotary_emb = rotary
     signature = inspect.signature(parent.forward)
     parent.register_forward_pre_hook(TrackerPreHook(tracker, signature, rotary), with_kwargs=True)
-    parent.register_forward_hook(TrackerPostHook(tracker, rotary))
+    parent.register_forward_hook(TrackerPostHook(tracker))
     object.__setattr__(model, _STATE, _Patch(parent, original, methods))
     if verify:
         try:

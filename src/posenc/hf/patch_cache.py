@@ -1,13 +1,20 @@
-"""The KV-cache side of ``posenc.hf.patch``: which positions a transformers cache holds,
-which frequencies rotated its keys, and the monotone length policy's re-rotation.
+"""The KV-cache side of ``posenc.hf.patch``: what a transformers cache holds, and the
+monotone length policy's recomputation.
 
-Shapes: ``B`` batch, ``Hkv`` key heads, ``T`` cached length, ``D`` head_dim. A transformers
-``DynamicCache`` keeps one layer object per decoder layer whose ``keys`` are ``[B, Hkv, T,
-D]`` (a sliding-window layer keeps the last ``T`` of them). ``CacheTracker`` records, per
-cache, the ``position_ids`` of every forward that filled it (so left padding and sliding
-windows are handled), and per cache layer the frequencies its keys were rotated with; the
-monotone policy hands each layer to ``RotaryEmbedding.sync_cache`` through ``_LayerView``,
-which re-rotates its keys (``posenc.rerotate_keys``) when the frequencies changed.
+Shapes: ``B`` batch, ``N`` cached length, ``n`` new tokens. ``CacheTracker`` records, per
+cache, the ``position_ids [B | 1, N]`` and the inputs (``input_ids [B, N]`` or
+``inputs_embeds [B, N, C]``) of every forward that filled it.
+
+Under the ``"monotone"`` policy a length-dependent scaling (dynamic NTK, LongRoPE; Peng et
+al. 2023 sec. 3.2, Ding et al. 2024) follows the longest length seen. When a cached forward
+reaches a length whose frequencies differ from those the cache was filled with, the whole
+cache is recomputed first: the base model runs once more over the recorded inputs with the
+new frequencies into a fresh cache, whose layers then replace the user's cache's in place.
+Re-rotating the cached keys alone is exact for one layer only: from the second layer on, the
+cached keys and values were computed from hidden states that attended with the old
+frequencies. So every decoding step equals a full forward over the whole sequence, at the
+price of one prefill each time the frequencies change (every step past the original length
+with dynamic NTK, once with LongRoPE).
 """
 
 from __future__ import annotations
@@ -24,44 +31,15 @@ from posenc.encodings.rotary.module import RotaryEmbedding
 
 __all__ = ["CacheTracker", "TrackerPostHook", "TrackerPreHook"]
 
-
-class _LayerView:
-    """One transformers cache layer seen as a posenc cache (``keys``, ``positions``,
-    ``rotations``, ``len``) by ``RotaryEmbedding.sync_cache``."""
-
-    def __init__(self, layer: Any, history: Tensor, rotations: dict) -> None:
-        self.layer, self.rotations = layer, rotations
-        length = len(self)
-        if length > history.shape[-1]:
-            raise ValueError(
-                f"cannot re-rotate the keys of a {type(layer).__name__}: it holds {length} "
-                f"positions but {history.shape[-1]} were seen; use a DynamicCache"
-            )
-        batch = layer.keys.shape[0] if length else 1
-        tail = history[:, history.shape[-1] - length :]  # [1 | B, T]
-        self.positions = tail[0] if tail.shape[0] == 1 else tail.expand(batch, -1)
-
-    def __len__(self) -> int:
-        keys = getattr(self.layer, "keys", None)
-        return 0 if keys is None or keys.numel() == 0 else keys.shape[-2]
-
-    @property
-    def keys(self) -> Tensor:
-        return self.layer.keys
-
-    @keys.setter
-    def keys(self, value: Tensor) -> None:
-        self.layer.keys = value
-
-
 _CACHE_ARGUMENTS = ("cache", "past_key_values")  # transformers >= 5.24 and before
+_INPUTS = ("input_ids", "inputs_embeds")
 
 
 class CacheTracker:
     """Follows the caches a patched model fills (see the module docstring).
 
-    The state of one forward (its cache, length before, positions) is per thread, so
-    threads may share one patched model, each with its own cache; a deep copy of a
+    The state of one forward (its cache, length before, positions, inputs) is per thread,
+    so threads may share one patched model, each with its own cache; a deep copy of a
     patched model gets a fresh tracker of its own.
 
     Args:
@@ -73,84 +51,97 @@ class CacheTracker:
     def __init__(self, layer_types: list[str] | None, policy: str) -> None:
         self.layer_types, self.policy = layer_types, policy
         self._history: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # cache -> [B, N]
-        self._rotations: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # layer -> dict
+        self._inputs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # cache -> (name, x)
         self._local = threading.local()
 
     def __deepcopy__(self, memo: dict) -> CacheTracker:
         return CacheTracker(self.layer_types, self.policy)
 
-    @property
-    def _cache(self) -> Any:
-        return getattr(self._local, "cache", None)
+    def _get(self, name: str, default: Any = None) -> Any:
+        return getattr(self._local, name, default)
 
     @property
-    def _before(self) -> int:
-        return getattr(self._local, "before", 0)
+    def nested(self) -> bool:
+        """Inside the recomputation of a cache (the hooks stand aside)."""
+        return self._get("nested", False)
 
-    @property
-    def _positions(self) -> Tensor | None:
-        return getattr(self._local, "positions", None)
-
-    def _type_of(self, index: int) -> str | None:
-        return self.layer_types[index] if self.layer_types else None
-
-    def _layers(self, cache: Any) -> list[tuple[int, Any]]:
-        return list(enumerate(getattr(cache, "layers", [])))
-
-    def start(self, cache: Any, rotary: nn.Module) -> None:
-        """A forward begins on ``cache`` (None: no cache); a new sequence resets the
-        monotone policy to the original frequencies."""
-        self._local.cache, self._local.positions = cache, None
+    def start(self, cache: Any, inputs: tuple[str, Tensor] | None, rotary: nn.Module) -> None:
+        """A forward begins on ``cache`` (None: no cache) with ``inputs``; a new sequence
+        resets the monotone policy to the original frequencies."""
+        self._local.cache, self._local.positions, self._local.inputs = cache, None, inputs
         self._local.before = int(cache.get_seq_length()) if cache is not None else 0
         if self.policy == "monotone" and self._local.before == 0:
             for encoding in rotary.encodings.values():
                 encoding.reset_length()
+
+    def must_recompute(self, rotary: nn.Module, length: int) -> bool:
+        """Whether a forward reaching ``length`` changes the frequencies of a non-empty
+        cache under the monotone policy (the lengths are advanced as a side effect)."""
+        if self.policy != "monotone" or self._get("before", 0) == 0:
+            return False
+        changes = [encoding.observe_length(length) for encoding in rotary.encodings.values()]
+        return any(change is not None for change in changes)
+
+    def recorded(self, cache: Any) -> tuple[Tensor, tuple[str, Tensor]]:
+        """The positions ``[B | 1, N]`` and inputs that filled ``cache``.
+
+        Raises:
+            ValueError: the cache was filled before the patch (or without inputs).
+        """
+        history, inputs = self._history.get(cache), self._inputs.get(cache)
+        if history is None or inputs is None:
+            raise ValueError(
+                "the KV cache was filled before posenc.hf.patch; its inputs are unknown, so it "
+                "cannot be recomputed with the new frequencies: start a new cache"
+            )
+        return history, inputs
 
     def observe(self, encoding: RotaryEmbedding, layer_type: str | None, positions: Tensor) -> None:
         """Run the length policy for one rotary table before this forward's rotations."""
         self._local.positions = positions
         if not encoding.scaling.length_dependent or positions.numel() == 0:
             return
-        length = int(positions.max()) + 1
-        encoding.observe_length(length)
-        cache = self._cache
-        if self.policy != "monotone" or cache is None or self._before == 0:
-            return
-        history = self._history.get(cache)
-        if history is None:
+        change = encoding.observe_length(int(positions.max()) + 1)
+        stale = self.policy == "monotone" and self._get("before", 0) > 0 and not self.nested
+        if change is not None and stale:
             raise ValueError(
-                "the KV cache was filled before posenc.hf.patch; its keys' positions are "
-                "unknown, so they cannot be re-rotated: start a new cache"
+                "the frequencies changed inside a cached forward that was not recomputed "
+                "(positions past those the forward's inputs imply); start a new cache"
             )
-        history = history[:, : self._before]
-        for index, layer in self._layers(cache):
-            if self._type_of(index) == layer_type:
-                view = _LayerView(layer, history, self._rotations.setdefault(layer, {}))
-                encoding.sync_cache(view, length)
 
-    def finish(self, output: Any, rotary: nn.Module) -> None:
-        """A forward ended: append its positions to its cache's history and record the
-        frequencies its new keys were rotated with."""
+    def finish(self, output: Any) -> None:
+        """A forward ended: append its positions and inputs to its cache's record."""
         cache = getattr(output, "past_key_values", None)
-        cache = self._cache if cache is None else cache
-        positions, self._local.cache = self._positions, None
-        if cache is None or positions is None:
+        cache = self._get("cache") if cache is None else cache
+        positions, inputs = self._get("positions"), self._get("inputs")
+        self._local.cache = None
+        if cache is None or positions is None or inputs is None:
             return
-        old = self._history.get(cache)
         new = positions.to("cpu", torch.long)
-        if old is not None and self._before:
-            old = old[:, : self._before]
+        old, before = self._history.get(cache), self._get("before", 0)
+        if old is not None and before:
+            old = old[:, :before]
             batch = max(old.shape[0], new.shape[0])
             new = torch.cat((old.expand(batch, -1), new.expand(batch, -1)), dim=-1)
+            name, kept = self._inputs[cache]
+            if name != inputs[0]:
+                raise ValueError(
+                    f"a cached forward with {inputs[0]} after one with {name}: posenc.hf.patch "
+                    "records one kind of input per cache"
+                )
+            inputs = (name, torch.cat((kept[:, :before], inputs[1]), dim=1))
         self._history[cache] = new
-        for index, layer in self._layers(cache):
-            encoding = rotary.encodings[str(self._type_of(index))]
-            frequencies = (encoding.inv_freq, encoding.attention_scale)
-            self._rotations.setdefault(layer, {})[id(encoding)] = frequencies
+        self._inputs[cache] = inputs
+
+
+def _bound(signature: inspect.Signature, args: tuple, kwargs: dict) -> dict[str, Any]:
+    arguments = signature.bind_partial(*args, **kwargs).arguments
+    return {**arguments.pop("kwargs", {}), **arguments}
 
 
 class TrackerPreHook:
-    """Base-model forward pre-hook (``with_kwargs=True``): finds the cache argument.
+    """Base-model forward pre-hook (``with_kwargs=True``): finds the cache and the inputs,
+    and recomputes the cache when the monotone policy changes the frequencies.
 
     A callable object rather than a closure, so that a deep copy of the model gets hooks
     that hold the copy's tracker and rotary module."""
@@ -159,25 +150,60 @@ class TrackerPreHook:
         self.tracker, self.signature, self.rotary = tracker, signature, rotary
 
     def __call__(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        arguments = self.signature.bind_partial(*args, **kwargs).arguments
-        extra = arguments.get("kwargs", {})
-        cache = next(
-            (
-                found
-                for name in _CACHE_ARGUMENTS
-                for found in (arguments.get(name), extra.get(name))
-                if found is not None
-            ),
-            None,
-        )
-        self.tracker.start(cache, self.rotary)
+        if self.tracker.nested:
+            return
+        arguments = _bound(self.signature, args, kwargs)
+        name = next((n for n in _CACHE_ARGUMENTS if arguments.get(n) is not None), None)
+        cache = arguments.get(name) if name else None
+        kind = next((n for n in _INPUTS if arguments.get(n) is not None), None)
+        inputs = (kind, arguments[kind].detach()) if kind else None
+        self.tracker.start(cache, inputs, self.rotary)
+        if cache is None or inputs is None:
+            return
+        positions = arguments.get("position_ids")
+        before = int(cache.get_seq_length())
+        length = int(positions.max()) + 1 if positions is not None else before + inputs[1].shape[1]
+        if self.tracker.must_recompute(self.rotary, length):
+            self._recompute(module, arguments, name, cache, before)
+
+    def _recompute(
+        self, module: nn.Module, arguments: dict, name: str, cache: Any, before: int
+    ) -> None:
+        history, (kind, inputs) = self.tracker.recorded(cache)
+        mask = arguments.get("attention_mask")
+        if mask is not None and mask.dim() != 2:
+            raise ValueError(
+                f"a {mask.dim()}-D attention_mask: posenc.hf.patch recomputes a cache with "
+                "2-D masks only; use length_policy='transformers' or a 2-D mask"
+            )
+        try:
+            fresh = type(cache)(config=module.config)
+        except TypeError as exc:
+            raise ValueError(
+                f"cannot recompute a {type(cache).__name__} with new frequencies; use a "
+                "DynamicCache"
+            ) from exc
+        batch = inputs.shape[0]
+        self.tracker._local.nested = True
+        try:
+            with torch.no_grad():
+                module(
+                    **{kind: inputs[:, :before], name: fresh},
+                    attention_mask=None if mask is None else mask[:, :before],
+                    position_ids=history[:, :before].to(inputs.device).expand(batch, -1),
+                    use_cache=True,
+                )
+        finally:
+            self.tracker._local.nested = False
+        cache.__dict__.update(fresh.__dict__)  # the user's cache object, recomputed layers
 
 
 class TrackerPostHook:
     """Base-model forward hook: records what the forward added to its cache."""
 
-    def __init__(self, tracker: CacheTracker, rotary: nn.Module) -> None:
-        self.tracker, self.rotary = tracker, rotary
+    def __init__(self, tracker: CacheTracker) -> None:
+        self.tracker = tracker
 
     def __call__(self, module: nn.Module, args: tuple, output: Any) -> None:
-        self.tracker.finish(output, self.rotary)
+        if not self.tracker.nested:
+            self.tracker.finish(output)

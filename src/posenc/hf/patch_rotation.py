@@ -159,7 +159,13 @@ def _call_real(
 
 
 def measure_rotation(
-    fn: Callable, real_tables: Any, cos: Tensor, sin: Tensor, *, complex_tables: bool
+    fn: Callable,
+    real_tables: Any,
+    cos: Tensor,
+    sin: Tensor,
+    *,
+    complex_tables: bool,
+    precision: torch.dtype = torch.float32,
 ) -> Rotation:
     """The ``Rotation`` that reproduces ``fn`` on the model's own tables.
 
@@ -170,6 +176,8 @@ def measure_rotation(
             a complex ``freqs_cis``).
         cos, sin: posenc's tables for the same positions, ``[1, 3, R/2]`` (float32).
         complex_tables: ``real_tables`` is one complex tensor.
+        precision: the coarsest floating dtype of the rotary module's buffers (its
+            ``inv_freq`` is bfloat16 after ``model.to(torch.bfloat16)``): sets the tolerance.
 
     Raises:
         ValueError: no posenc layout reproduces ``fn`` (its name and the error given).
@@ -179,12 +187,14 @@ def measure_rotation(
     generator = torch.Generator().manual_seed(0)
     q = torch.randn(1, 2, cos.shape[-2], width, generator=generator, device="cpu")
     k = torch.randn(1, 2, cos.shape[-2], width, generator=generator, device="cpu")
-    tables = real_tables
     if not complex_tables:
+        dtypes = [precision, real_tables[0].dtype]
         tables = tuple(t.to("cpu", torch.float32) for t in real_tables)
     else:
+        dtypes = [precision, real_tables.real.dtype]
         tables = real_tables.to("cpu", torch.complex64)
-    tolerance = 64 * torch.finfo(torch.float32).eps * max(1.0, float(cos.abs().max()))
+    eps = max(torch.finfo(d).eps for d in dtypes if d.is_floating_point)
+    tolerance = 16 * eps * cos.shape[-2] * float(q.abs().max()) * max(1.0, float(cos.abs().max()))
     errors = []
     for axis in (1, 2):
         qa, ka = (q, k) if axis == 1 else (q.transpose(1, 2), k.transpose(1, 2))
@@ -194,9 +204,15 @@ def measure_rotation(
             errors.append(f"{type(exc).__name__}: {exc}")
             continue
         first = expected[0] if isinstance(expected, tuple) else expected
+        gaps = {}
         for layout in LAYOUTS:
             got = _rotate(qa, cos.float(), sin.float(), axis, layout)
-            if got.shape == first.shape and (got - first).abs().max() <= tolerance:
-                return Rotation(signature, layout, axis)
-        errors.append(f"heads at axis {axis}: no layout of {LAYOUTS} matches")
+            if got.shape == first.shape:
+                gaps[layout] = float((got - first).abs().max())
+        ranked = sorted(gaps, key=gaps.__getitem__)
+        # the best layout must be within the tolerance and far ahead of the next one
+        alone = len(ranked) == 1 or gaps[ranked[1]] > 4 * max(gaps[ranked[0]], tolerance / 64)
+        if ranked and gaps[ranked[0]] <= tolerance and alone:
+            return Rotation(signature, ranked[0], axis)
+        errors.append(f"heads at axis {axis}: no layout of {LAYOUTS} matches ({gaps})")
     raise ValueError(f"{fn.__name__}{signature}: {'; '.join(errors)}")

@@ -1,0 +1,313 @@
+"""Per-layer truth from the real models: every decoder family of the installed transformers.
+
+For each ``model_type`` with a ``*ForCausalLM`` class whose modeling file rotates q/k with a
+module-level function (``posenc.hf.patch_rotation.rotation_methods``), ``build`` makes a tiny
+random model from the family's own config class (its defaults, shrunk: ``TINY`` and the
+per-layer lists cut to the first layers that show every layer type). ``record`` runs it at
+positions ``0..T-1`` and ``OFFSET + 0..T-1`` with each attention module's rotation
+functions wrapped, so that for every layer it knows whether transformers rotated there and
+with what. ``compare`` checks ``posenc.hf.layer_plan`` layer by layer against that record:
+a layer that transformers leaves unrotated must be NoPE in posenc, and a rotated one must
+give the same attention scores (the self inner products ``q_m . q_n`` of the rotated
+tensors, which a feature permutation common to q and k does not change) to a tolerance from
+float32 angles. ``layer_plan`` is read twice, from the ``PretrainedConfig`` and from the
+``config.json`` that ``save_pretrained`` would write (only what differs from the defaults).
+
+Shapes: ``B`` batch, ``H`` heads, ``T`` length, ``W`` width of the rotated tensor.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import logging
+import re
+import sys
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+
+import posenc
+from posenc.encodings.rotary.apply import apply_rope
+from posenc.hf.patch_rotation import rebind, rotation_methods
+
+T, OFFSET = 7, 1000
+EPS32 = torch.finfo(torch.float32).eps
+TINY = {
+    "hidden_size": 64,
+    "intermediate_size": 64,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 128,
+    "head_dim": 16,
+    "moe_intermediate_size": 32,
+    "num_experts": 4,
+    "num_local_experts": 4,
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "q_lora_rank": 32,
+    "kv_lora_rank": 16,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 8,
+    "v_head_dim": 16,
+}
+# fields beyond TINY that a family needs to build tiny (its defaults assume full size)
+FIELDS: dict[str, dict] = {}
+_LAYER = re.compile(r"(?:^|\.)(?:layers|layer|h|blocks)\.(\d+)\.")
+
+
+@functools.cache
+def families() -> dict[str, str]:
+    """``{model_type: causal-LM class name}`` of the decoder families that rotate q/k with a
+    module-level function of their modeling file."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    found = {}
+    for model_type, name in sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items()):
+        try:
+            cls = getattr(transformers, name)
+        except (AttributeError, ImportError, ModuleNotFoundError):
+            continue
+        module = sys.modules[cls.__module__]
+        classes = [c for c in vars(module).values() if isinstance(c, type)]
+        if any(issubclass(c, torch.nn.Module) and rotation_methods(c) for c in classes):
+            found[model_type] = name
+    return found
+
+
+def tiny_config(model_type: str):
+    """The family's default text config, shrunk (module docstring)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    base = CONFIG_MAPPING[model_type]()
+    text = base.get_text_config() if hasattr(base, "get_text_config") else base
+    layers = getattr(text, "num_hidden_layers", 2) or 2
+    kinds = getattr(text, "layer_types", None)
+    count = min(layers, 2)
+    for index, kind in enumerate(kinds or ()):
+        if kind not in kinds[:index]:
+            count = max(count, index + 1)
+    values = text.to_dict()
+    for key, value in list(values.items()):
+        if isinstance(value, list) and len(value) == layers:
+            values[key] = value[:count]  # per-layer lists: layer_types, no_rope_layers ...
+    values.update({k: v for k, v in TINY.items() if k in values})
+    if "qk_rope_head_dim" in values:  # MLA: the rotated part of each head
+        values["head_dim"] = values["qk_rope_head_dim"]
+    for key in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        if isinstance(values.get(key), int) and values[key] >= values.get("vocab_size", 1 << 30):
+            values[key] = None
+    values.update(FIELDS.get(model_type, {}))
+    values["num_hidden_layers"] = count
+    values.pop("transformers_version", None)
+    return type(text).from_dict(values)
+
+
+def build(model_type: str):
+    """A tiny random float32 model of the family, in eval mode."""
+    import transformers
+
+    config = tiny_config(model_type)
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        logging.getLogger("transformers").setLevel(logging.ERROR)
+        model = getattr(transformers, families()[model_type])(config)
+    return model.float().eval()
+
+
+@dataclass
+class Call:
+    """One call of a rotation function: its tensors before and after, and the heads axis."""
+
+    inputs: list[torch.Tensor]
+    outputs: list[torch.Tensor]
+    heads_axis: int
+
+
+@dataclass
+class Record:
+    """The calls per layer index at one set of positions."""
+
+    positions: torch.Tensor
+    layers: dict[int, list[Call]] = field(default_factory=dict)
+
+
+def _recorder(real, layer: int, record: Record):
+    signature = inspect.signature(real)
+
+    def recording(*args, **kwargs):
+        out = real(*args, **kwargs)
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        values = bound.arguments
+        names = [n for n in values if n in ("q", "k", "x", "tensor", "xq", "xk")]
+        inputs = [values[n] for n in names if values[n] is not None]
+        outputs = list(out) if isinstance(out, tuple) else [out]
+        axis = values.get("unsqueeze_dim")
+        if axis is None:
+            axis = 1 if inputs[0].shape[1] != T or inputs[0].shape[2] == T else 2
+        call = Call([x.detach().double() for x in inputs], [], axis)
+        call.outputs = [y.detach().double() for y in outputs[: len(inputs)]]
+        record.layers.setdefault(layer, []).append(call)
+        return out
+
+    return recording
+
+
+def record(model, first: int) -> Record:
+    """Run ``model`` at positions ``first + 0..T-1`` and record every rotation call."""
+    rec = Record(torch.arange(first, first + T))
+    installed = []
+    for name, module in model.named_modules():
+        methods = rotation_methods(type(module))
+        found = _LAYER.search(name)
+        if not methods or not found:
+            continue
+        layer = int(found[1])
+        for method, names in methods.items():
+            function = getattr(type(module), method)
+            globals_ = inspect.unwrap(function).__globals__
+            swaps = {n: _recorder(globals_[n], layer, rec) for n in names}
+            bound = rebind(function, swaps).__get__(module)
+            module.__dict__[method] = bound
+            installed.append((module, method))
+    ids = (torch.arange(T) * 5 + 3)[None] % 100
+    try:
+        with torch.no_grad():
+            model(input_ids=ids, position_ids=rec.positions[None], use_cache=False)
+    finally:
+        for module, method in installed:
+            module.__dict__.pop(method, None)
+    return rec
+
+
+def _rotary(encoding):
+    """The ``RotaryEmbedding`` of a layer's encoding, None for NoPE layers."""
+    if isinstance(encoding, posenc.RotaryEmbedding):
+        return encoding
+    parts = getattr(encoding, "encodings", None) or getattr(encoding, "parts", None) or ()
+    return next((p for p in parts if isinstance(p, posenc.RotaryEmbedding)), None)
+
+
+def _rotated(encoding, x: torch.Tensor, axis: int, positions: torch.Tensor) -> torch.Tensor:
+    """posenc's rotation of ``x`` (heads at ``axis``), width its own head or rotary dim."""
+    x = x.transpose(1, 2) if axis == 2 else x
+    if x.shape[-1] == encoding.head_dim:
+        out, _ = encoding.rotate(x, x, positions, positions)
+    else:
+        cos, sin = encoding.cos_sin(positions, dtype=torch.float64)
+        if x.shape[-1] != 2 * cos.shape[-1]:
+            raise ValueError(f"width {x.shape[-1]} is neither head_dim nor the rotary dim")
+        sin = -sin if encoding.clockwise else sin
+        out = apply_rope(x, cos, sin, interleaved=encoding.interleaved)
+    return out
+
+
+def _scores(x: torch.Tensor) -> torch.Tensor:
+    return x @ x.transpose(-1, -2)  # [B, H, T, T]
+
+
+def compare(plan: list, rec: Record) -> list[str]:
+    """Where ``plan`` (``layer_plan``) differs from the record, one line per layer."""
+    problems = []
+    for index, encoding in enumerate(plan):
+        calls = rec.layers.get(index, [])
+        rotary = _rotary(encoding)
+        if rotary is None:
+            if calls:
+                problems.append(f"layer {index}: transformers rotates, posenc has none")
+            continue
+        if not calls:
+            problems.append(f"layer {index}: posenc rotates, transformers does not")
+            continue
+        for call in calls:
+            for x, y in zip(call.inputs, call.outputs, strict=True):
+                try:
+                    ours = _rotated(rotary, x, call.heads_axis, rec.positions)
+                except ValueError as exc:
+                    problems.append(f"layer {index}: {exc}")
+                    continue
+                theirs = y.transpose(1, 2) if call.heads_axis == 2 else y
+                want, got = _scores(theirs), _scores(ours)
+                tol = 32 * (int(rec.positions.max()) + T) * EPS32 * float(want.abs().max())
+                error = float((got - want).abs().max())
+                if not error <= tol:
+                    problems.append(
+                        f"layer {index} at {int(rec.positions[0])}: scores differ by "
+                        f"{error:.3g} (tolerance {tol:.3g})"
+                    )
+    return problems
+
+
+class Refused(Exception):
+    """posenc refuses the family's config by name (never a wrong encoding)."""
+
+
+def check_family(model_type: str, model=None) -> list[str]:
+    """Every difference between posenc's layer plans (from the config object and from its
+    ``config.json``) and the tiny model's rotations; an empty list is a match.
+
+    Raises:
+        Refused: ``layer_plan`` raises ``ValueError`` on the config (its message).
+    """
+    model = build(model_type) if model is None else model
+    config = model.config
+    raw = config.to_diff_dict()
+    problems = []
+    records = [record(model, 0), record(model, OFFSET)]
+    for source, cfg in (("config", config), ("config.json", raw)):
+        try:
+            plan = posenc.hf.layer_plan(cfg)
+        except ValueError as exc:
+            raise Refused(str(exc)) from exc
+        for rec in records:
+            problems += [f"{source}: {p}" for p in compare(plan, rec)]
+    return problems
+
+
+def check_patch(model_type: str, model=None) -> list[str]:
+    """Where ``posenc.hf.patch`` of the tiny model differs from it: logits of a forward,
+    greedy tokens and their logits, and the model after ``unpatch``.
+
+    Raises:
+        Refused: ``patch`` raises ``ValueError`` (its message).
+    """
+    model = build(model_type) if model is None else model
+    ids = (torch.arange(2 * T) * 5 + 3)[None] % 100
+    with torch.no_grad():
+        expected = model(input_ids=ids).logits
+        tokens = model.generate(ids[:, :T], max_new_tokens=T, do_sample=False, pad_token_id=0)
+    try:
+        posenc.hf.patch(model)
+    except ValueError as exc:
+        raise Refused(str(exc)) from exc
+    problems = []
+    with torch.no_grad():
+        got = model(input_ids=ids).logits
+        patched = model.generate(ids[:, :T], max_new_tokens=T, do_sample=False, pad_token_id=0)
+    tol = 16 * (2 * T + len(plan_layers(model))) * EPS32 * float(expected.abs().max())
+    if not float((got - expected).abs().max()) <= tol:
+        problems.append(f"logits differ by {float((got - expected).abs().max()):.3g}")
+    if not torch.equal(patched, tokens):
+        problems.append("greedy tokens differ")
+    posenc.hf.unpatch(model)
+    with torch.no_grad():
+        if not torch.equal(model(input_ids=ids).logits, expected):
+            problems.append("unpatch does not restore the model")
+    return problems
+
+
+def plan_layers(model) -> list:
+    """The decoder layers' attention modules that call a rotation function."""
+    return [m for m in model.modules() if rotation_methods(type(m))]
+
+
+def modeling(model_type: str):
+    """The modeling module of the family's causal-LM class."""
+    import transformers
+
+    return importlib.import_module(getattr(transformers, families()[model_type]).__module__)
