@@ -55,7 +55,8 @@ def stick_breaking_weights(
         attend_current: also attend to keys at the query's own position.
 
     Returns:
-        ``[B, H, Tq, Tk]`` in ``q``'s dtype, zero where not visible.
+        ``[B, H, Tq, Tk]`` in ``q``'s dtype, zero where not visible; NaN rows where a
+        visible logit is not finite.
 
     Raises:
         ValueError: wrong ranks or shapes.
@@ -69,7 +70,9 @@ def stick_breaking_weights(
     suffix = log_keep.flip(-1).cumsum(-1).flip(-1)  # sum over visible l >= j
     after = F.pad(suffix[..., 1:], (0, 1))  # l > j: shifted, not suffix - log_keep (no cancelling)
     log_weights = (F.logsigmoid(z) + after).masked_fill(~visible, float("-inf"))
-    return log_weights.exp().to(q.dtype)
+    # an infinite logit saturates sigmoid to 0 or 1; its row says NaN instead
+    broken = (~torch.isfinite(z) & visible).any(-1, keepdim=True)  # [B, H, Tq, 1]
+    return torch.where(broken, float("nan"), log_weights.exp()).to(q.dtype)
 
 
 @register(
