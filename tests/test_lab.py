@@ -97,8 +97,8 @@ def test_finetune_rows_follow_chen_et_al(tmp_path):
                "--finetune-len", "64"]  # fmt: skip
     assert lab(tmp_path, *options) == 0
     rows = {row["label"]: row for run in results(tmp_path)["runs"] for row in run["rows"]}
-    assert list(rows) == ["rope", "rope +yarn", "rope +ft", "rope +linear +ft",
-                          "learned", "learned +interpolate"]  # fmt: skip
+    assert list(rows) == ["rope", "rope +yarn", "rope +yarn +hf", "rope +ft",
+                          "rope +linear +ft", "learned", "learned +interpolate"]  # fmt: skip
     for label in ("rope +ft", "rope +linear +ft"):
         assert all(value is not None for value in rows[label]["results"].values())
         assert rows[label]["results"]["32"] != rows["rope"]["results"]["32"]
