@@ -69,8 +69,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="train tiny LMs per encoding on short windows, evaluate on longer ones",
         description="Train one tiny causal transformer per encoding and seed on windows of "
         "--train-len tokens and report perplexity (or task accuracy) at longer --eval-lens: "
-        "mean and 95 % interval over seeds, paired wins, and the orderings that hold in "
-        "every seed.",
+        "mean and 95 % interval over seeds and evaluation text, and every pair of rows "
+        "compared by a paired permutation test (Holm-corrected), after checking the "
+        "held-out text's overlap with the training text.",
     )
     p.add_argument("--config", metavar="FILE", help="read options from a sweep file (TOML)")
     p.add_argument(
@@ -167,7 +168,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         nargs="*",
         metavar="NAME",
         help="rotary scalings evaluated at longer lengths (default: linear ntk "
-        "dynamic yarn; none: give the option without names)",
+        "dynamic yarn; dynamic adds its decoded row, yarn its row at transformers' "
+        "defaults; none: give the option without names)",
     )
     p.add_argument("--seeds", metavar="N", help="number of seeds (default 3, --quick 1)")
     p.add_argument("--seed", type=int, metavar="N", help="first seed (default 0)")
