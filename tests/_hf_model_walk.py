@@ -54,7 +54,14 @@ TINY = {
     "v_head_dim": 16,
 }
 # fields beyond TINY that a family needs to build tiny (its defaults assume full size)
-FIELDS: dict[str, dict] = {}
+FIELDS: dict[str, dict] = {
+    "mimo_v2_flash": {"head_dim": 48},  # partial_rotary_factor 0.334: an even rotary dim
+    # GPT-J and CodeGen name their sizes n_embd / n_head / n_inner
+    **{
+        name: {"n_embd": 64, "n_head": 4, "n_inner": 64, "rotary_dim": 8}
+        for name in ("gptj", "codegen")
+    },
+}
 _LAYER = re.compile(r"(?:^|\.)(?:layers|layer|h|blocks)\.(\d+)\.")
 
 
@@ -63,6 +70,7 @@ def families() -> dict[str, str]:
     """``{model_type: causal-LM class name}`` of the decoder families that rotate q/k with a
     module-level function of their modeling file."""
     import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     found = {}
@@ -71,6 +79,8 @@ def families() -> dict[str, str]:
             cls = getattr(transformers, name)
         except (AttributeError, ImportError, ModuleNotFoundError):
             continue
+        if model_type in CONFIG_MAPPING and "text_config" in CONFIG_MAPPING[model_type].sub_configs:
+            continue  # a composite whose text model is its own family (Gemma 3 -> gemma3_text)
         module = sys.modules[cls.__module__]
         classes = [c for c in vars(module).values() if isinstance(c, type)]
         if any(issubclass(c, torch.nn.Module) and rotation_methods(c) for c in classes):
@@ -99,7 +109,10 @@ def tiny_config(model_type: str):
         values["head_dim"] = values["qk_rope_head_dim"]
     for key in ("pad_token_id", "bos_token_id", "eos_token_id"):
         if isinstance(values.get(key), int) and values[key] >= values.get("vocab_size", 1 << 30):
-            values[key] = None
+            values[key] = 0
+    if isinstance(values.get("per_layer_config"), dict):  # Gemma 4, dots3: by layer index
+        layer_keys = {k: v for k, v in values["per_layer_config"].items() if int(k) < count}
+        values["per_layer_config"] = layer_keys
     values.update(FIELDS.get(model_type, {}))
     values["num_hidden_layers"] = count
     values.pop("transformers_version", None)

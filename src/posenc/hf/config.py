@@ -91,12 +91,11 @@ def as_config_dict(config: object) -> dict[str, Any]:
     field the file leaves out, legacy fields migrated (``rope_scaling`` -> ``rope_parameters``,
     ``sliding_window_pattern`` -> ``layer_types``, per-layer-type parameters), so a raw
     ``config.json`` and the ``PretrainedConfig`` built from it read alike. Without
-    transformers (or for a family it does not know) the dict is read as written. The
-    class's ``attribute_map`` names (GPT-J's ``n_layer`` as ``num_hidden_layers``) are
-    added beside the family's own.
+    transformers, for a family it does not know, or for a dict its class refuses (a partial,
+    hand-written dict) the dict is read as written. The class's ``attribute_map`` names
+    (GPT-J's ``n_layer`` as ``num_hidden_layers``) are added beside the family's own.
 
     Raises:
-        ValueError: transformers' config class refuses the dict (its message quoted).
         TypeError: ``config`` of another type.
     """
     if isinstance(config, Mapping):

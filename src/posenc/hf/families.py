@@ -103,7 +103,8 @@ falcon_h1 flex_olmo lara_mini gemma gemma2 gpt_neox gpt_neox_japanese gradium_ph
 granite
 granite4_vision_text granite_docling_text granitemoe granitemoehybrid granitemoeshared gte
 higgs_audio_v2 hrm_text hunyuan_v1_dense hunyuan_v1_moe hy_v3 hyperclovax idefics jais2
-jina_embeddings_v3 kyutai_speech_to_text laguna lasr_encoder lfm2 lfm2_moe llama
+jina_embeddings_v3 exaone internlm3 iquestcoder sarvam_moe kyutai_speech_to_text laguna
+lasr_encoder lfm2 lfm2_moe llama
 mellum mimi mimo_v2_flash minimax minimax_m2 ministral mistral mixtral mllama_text_model
 modernbert modernbert-decoder molmo2_text moshi muse_glimmer_assistant nemotron
 nemotron3_5_transcribe_asr_audio neucodec nomic_bert olmo olmo2 olmo3 olmo_hybrid olmoe
@@ -121,7 +122,7 @@ blt_local_encoder blt_local_decoder blt_global_transformer blt_patcher
 """
 _MLA = """
 axk1 axk2 bailing_hybrid deepseek_v2 deepseek_v3 deepseek_v32 glm4_moe_lite glm_moe_dsa
-longcat_flash youtu
+longcat_flash youtu sarvam_mla
 """
 # M-RoPE and 2-D axial schemes (posenc.hf.schemes), each checked against the family's own
 # rotary at 3-axis / [N, 2] positions (the parity walk, tests/_hf_walk.py)

@@ -180,6 +180,8 @@ def from_hf_config(
     cfg, fam = config_family(config)
     if fam.scheme is not None:
         return _scheme(fam.scheme, cfg, layer_type, layer_idx)
+    if layer_idx is not None and not _attends(cfg, layer_idx):
+        return NoPE()  # a linear-attention, recurrent or state-space layer: no q.k scores
     layer_type = _resolve_layer(cfg, layer_type, layer_idx)
     if fam.layers is not None:
         if layer_idx is None:
@@ -199,6 +201,23 @@ def from_hf_config(
     if layer_type is not None and _no_rope_type(cfg, layer_type):
         return NoPE()  # a layer type without rope parameters (no attention, or NoPE)
     return parse_hf_rope_config(cfg, layer_type=layer_type).build()
+
+
+#: layer kinds (``layer_types``, ``block_types``) without softmax attention over positions:
+#: MiniMax's lightning attention, RecurrentGemma's recurrent blocks, Mamba and other
+#: state-space or convolution blocks; transformers calls no rotation there
+NON_ATTENTION = frozenset(
+    {"linear_attention", "recurrent", "mamba", "mamba2", "ssm", "conv", "short_conv",
+     "gated_deltanet", "linear"}
+)  # fmt: skip
+
+
+def _attends(cfg: Mapping[str, Any], index: int) -> bool:
+    """Whether layer ``index`` has attention (``block_types`` repeats over the layers)."""
+    kinds = cfg.get("layer_types") or cfg.get("block_types")
+    if not kinds or not isinstance(kinds, list):
+        return True
+    return kinds[index % len(kinds)] not in NON_ATTENTION
 
 
 def _no_rope_type(cfg: Mapping[str, Any], layer_type: str) -> bool:

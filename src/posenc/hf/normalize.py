@@ -55,7 +55,7 @@ def with_attribute_map(cfg: dict[str, Any], cls: type) -> ReadConfig:
 
 
 @functools.lru_cache(maxsize=256)
-def _normalized(text: str) -> str:
+def _normalized(text: str) -> str | None:
     raw = json.loads(text)
     cls = config_class(raw["model_type"])
     quiet = logging.getLogger("transformers")
@@ -63,22 +63,20 @@ def _normalized(text: str) -> str:
     quiet.setLevel(logging.ERROR)
     try:
         config = cls.from_dict(raw)
-    except Exception as exc:  # transformers' own validation: any error type
-        raise ValueError(
-            f"config of model_type {raw['model_type']!r} is refused by transformers' "
-            f"{cls.__name__}: {' '.join(str(exc).split())[:300]}"
-        ) from exc
+    except Exception:  # transformers' own validation, any error type: no model of it exists
+        return None
     finally:
         quiet.setLevel(level)
     return json.dumps(with_attribute_map(config.to_dict(), cls))
 
 
-def through_config_class(config: Mapping[str, Any]) -> dict[str, Any]:
-    """``config`` as its family's transformers config class reads it (module docstring), or
-    a copy of it as written when there is no such class.
+def through_config_class(config: Mapping[str, Any]) -> ReadConfig:
+    """``config`` as its family's transformers config class reads it (module docstring).
 
-    Raises:
-        ValueError: the config class refuses ``config``.
+    Read as written instead when there is no such class (transformers missing, a family it
+    does not know) and when the class refuses the dict: no transformers model has such a
+    config (a partial, hand-written dict), and posenc's own checks of the fields it reads
+    apply, each raising ``ValueError`` by name.
     """
     if isinstance(config, ReadConfig) or config_class(config.get("model_type")) is None:
         return ReadConfig(config)
@@ -86,4 +84,7 @@ def through_config_class(config: Mapping[str, Any]) -> dict[str, Any]:
         text = json.dumps(config, sort_keys=True)
     except (TypeError, ValueError):  # not a config.json: values JSON cannot hold
         return ReadConfig(config)
-    return ReadConfig(copy.deepcopy(json.loads(_normalized(text))))
+    normalized = _normalized(text)
+    if normalized is None:
+        return ReadConfig(config)
+    return ReadConfig(copy.deepcopy(json.loads(normalized)))

@@ -91,6 +91,14 @@ class PatchedRotary(nn.Module):
         self.original = original
         self.arrangement = arrangement
 
+    def __getattr__(self, name: str) -> Any:
+        """Attributes the model reads from its rotary module (``layer_types`` ...) come
+        from the original."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self._modules["original"], name)
+
     def forward(
         self, x: Tensor, position_ids: Tensor, layer_type: str | None = None
     ) -> Tensor | tuple[Tensor, Tensor]:
@@ -300,7 +308,7 @@ def _rotations(
                         real,
                         cos,
                         sin,
-                        complex_tables=arrangement == "complex",
+                        arrangement=arrangement,
                         precision=precision,
                     )
                 except ValueError as exc:

@@ -100,11 +100,13 @@ class Rotation:
         layout: ``"half"``, ``"interleaved"`` or ``"deinterleave"`` (module docstring).
         heads_axis: where the heads axis of q/k is when the function has no
             ``unsqueeze_dim`` (1: ``[B, H, T, D]``; 2: ``[B, T, H, D]``).
+        sign: -1 where the function turns pairs by ``-theta`` (NanoChat's ``rotate_half``).
     """
 
     signature: inspect.Signature
     layout: str
     heads_axis: int = 1
+    sign: int = 1
     calls: int = field(default=0, compare=False)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -112,6 +114,7 @@ class Rotation:
         bound.apply_defaults()
         values = bound.arguments
         cos, sin = _tables(values)
+        sin = sin if self.sign == 1 else -sin
         axis = values.get("unsqueeze_dim", self.heads_axis)
         self.calls += 1
         names = [n for n in values if n in _TENSORS]
@@ -141,7 +144,7 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor, axis: int, layout: str) -> Tens
 
 
 def _call_real(
-    fn: Callable, signature: inspect.Signature, q: Tensor, k: Tensor, tables: Any
+    fn: Callable, signature: inspect.Signature, q: Tensor, k: Tensor, tables: Any, order: str
 ) -> Any:
     names = list(signature.parameters)
     args: dict[str, Any] = {}
@@ -153,6 +156,8 @@ def _call_real(
         raise ValueError(f"no cos/sin or freqs_cis arguments in {signature}")
     if len(table_names) == 1:
         args[table_names[0]] = tables
+    elif order == "sin_cos":  # GPT-J's rotary_emb hands out (sin, cos)
+        args["sin"], args["cos"] = tables
     else:
         args["cos"], args["sin"] = tables
     return fn(**args)
@@ -164,7 +169,7 @@ def measure_rotation(
     cos: Tensor,
     sin: Tensor,
     *,
-    complex_tables: bool,
+    arrangement: str,
     precision: torch.dtype = torch.float32,
 ) -> Rotation:
     """The ``Rotation`` that reproduces ``fn`` on the model's own tables.
@@ -175,7 +180,7 @@ def measure_rotation(
             in the order the attention module unpacks it (``(cos, sin)``, ``(sin, cos)`` or
             a complex ``freqs_cis``).
         cos, sin: posenc's tables for the same positions, ``[1, 3, R/2]`` (float32).
-        complex_tables: ``real_tables`` is one complex tensor.
+        arrangement: ``"cos_sin"``, ``"sin_cos"`` or ``"complex"`` (one ``freqs_cis``).
         precision: the coarsest floating dtype of the rotary module's buffers (its
             ``inv_freq`` is bfloat16 after ``model.to(torch.bfloat16)``): sets the tolerance.
 
@@ -187,7 +192,7 @@ def measure_rotation(
     generator = torch.Generator().manual_seed(0)
     q = torch.randn(1, 2, cos.shape[-2], width, generator=generator, device="cpu")
     k = torch.randn(1, 2, cos.shape[-2], width, generator=generator, device="cpu")
-    if not complex_tables:
+    if arrangement != "complex":
         dtypes = [precision, real_tables[0].dtype]
         tables = tuple(t.to("cpu", torch.float32) for t in real_tables)
     else:
@@ -199,20 +204,21 @@ def measure_rotation(
     for axis in (1, 2):
         qa, ka = (q, k) if axis == 1 else (q.transpose(1, 2), k.transpose(1, 2))
         try:
-            expected = _call_real(fn, signature, qa, ka, tables)
+            expected = _call_real(fn, signature, qa, ka, tables, arrangement)
         except Exception as exc:  # a layout the function cannot take
             errors.append(f"{type(exc).__name__}: {exc}")
             continue
         first = expected[0] if isinstance(expected, tuple) else expected
         gaps = {}
         for layout in LAYOUTS:
-            got = _rotate(qa, cos.float(), sin.float(), axis, layout)
-            if got.shape == first.shape:
-                gaps[layout] = float((got - first).abs().max())
+            for sign in (1, -1):  # -1: pairs turn by -theta (NanoChat)
+                got = _rotate(qa, cos.float(), sign * sin.float(), axis, layout)
+                if got.shape == first.shape:
+                    gaps[(layout, sign)] = float((got - first).abs().max())
         ranked = sorted(gaps, key=gaps.__getitem__)
         # the best layout must be within the tolerance and far ahead of the next one
         alone = len(ranked) == 1 or gaps[ranked[1]] > 4 * max(gaps[ranked[0]], tolerance / 64)
         if ranked and gaps[ranked[0]] <= tolerance and alone:
-            return Rotation(signature, ranked[0], axis)
+            return Rotation(signature, ranked[0][0], axis, ranked[0][1])
         errors.append(f"heads at axis {axis}: no layout of {LAYOUTS} matches ({gaps})")
     raise ValueError(f"{fn.__name__}{signature}: {'; '.join(errors)}")
