@@ -143,7 +143,7 @@ def test_vision_config_json_builds_the_family_layout(model_type):
     kind = "default" if model_type == "llama4_vision_model" else "axial"
     cfg = {
         "model_type": model_type, "hidden_size": 4 * D, "num_attention_heads": 4,
-        "rope_parameters": {"rope_type": kind, "rope_theta": 500.0},
+        "head_dim": D, "rope_parameters": {"rope_type": kind, "rope_theta": 500.0},
     }  # fmt: skip
     enc = posenc.from_hf_config(cfg)
     layout = VISION_CONFIGS[model_type]

@@ -229,7 +229,7 @@ def test_unsupported_family_and_bad_scalings_raise(tmp_path_factory):
     model = _load(model_cls, folder)
     bad_lists = {"rope_type": "longrope", "short_factor": [1.0], "long_factor": [2.0],
                  "original_max_position_embeddings": 16}  # fmt: skip
-    with pytest.raises(ValueError, match=r"phi3.*(longrope factor lists have 1|short_factor)"):
+    with pytest.raises(ValueError, match=r"phi3.*longrope factor lists have 1"):
         patch(model, scaling=bad_lists)
     with pytest.raises(ValueError, match=r"phi3.*unknown rope_type 'wavy'"):
         patch(model, scaling={"rope_type": "wavy", "factor": 2})

@@ -94,7 +94,7 @@ def test_deepseek_v4_yarn_compress_layers_match_transformers():
             torch.testing.assert_close(got, want, rtol=0, atol=tol * float(x.abs().max()))
 
 
-def test_deepseek_v4_layers_differ_and_bad_configs_are_refused():
+def test_deepseek_v4_layers_differ_and_bad_configs_are_refused(monkeypatch):
     config = _v4_config()
     with pytest.raises(ValueError, match="pass layer_idx"):
         posenc.from_hf_config(config)
@@ -102,8 +102,15 @@ def test_deepseek_v4_layers_differ_and_bad_configs_are_refused():
     assert bases == [config.rope_theta, config.compress_rope_theta, config.compress_rope_theta]
     raw = config.to_dict()
     flat = {**raw, "rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}
-    with pytest.raises(ValueError, match="'main' and 'compress'"):
-        posenc.from_hf_config(flat, layer_idx=0)
+    # transformers' config class spreads a flat rope_parameters over 'main' and 'compress'
+    built = type(config).from_dict(flat)
+    assert repr(posenc.from_hf_config(flat, layer_idx=0)) == repr(
+        posenc.from_hf_config(built, layer_idx=0)
+    )
+    with monkeypatch.context() as read_as_written:  # no config class: refused by name
+        read_as_written.setattr(posenc.hf.normalize, "config_class", lambda model_type: None)
+        with pytest.raises(ValueError, match="'main' and 'compress'"):
+            posenc.from_hf_config(flat, layer_idx=0)
     with pytest.raises(ValueError, match="compress_rope_theta=5"):
         posenc.from_hf_config({**raw, "compress_rope_theta": 5.0}, layer_idx=1)
     with pytest.raises(ValueError, match="qk_rope_head_dim=32"):
