@@ -252,9 +252,24 @@ def test_every_table_entry_is_consistent():
         ),
     ],
 )
-def test_refusals_name_the_value(config, kwargs, match):
+def test_refusals_name_the_value(config, kwargs, match, monkeypatch):
+    # posenc's own refusals: as without transformers (which would ignore fields its code
+    # never names, as the next test shows)
+    monkeypatch.setattr(posenc.hf.families, "transformers_reads", lambda model_type, name: None)
     with pytest.raises(ValueError, match=match):
         from_hf_config(config, **kwargs)
+
+
+def test_fields_transformers_ignores_are_ignored_alike():
+    """Command R7B's config.json says position_embedding_type='rope_gptj', a field that
+    Cohere2's code never reads; llama's code never reads a 'rope_foo'."""
+    plain = {"model_type": "cohere2", "hidden_size": 64, "num_attention_heads": 4}
+    r7b = {**plain, "position_embedding_type": "rope_gptj"}
+    assert repr(from_hf_config(r7b, layer_idx=0)) == repr(from_hf_config(plain, layer_idx=0))
+    llama = {"model_type": "llama", "head_dim": 64}
+    assert repr(from_hf_config({**llama, "rope_foo": 2})) == repr(from_hf_config(llama))
+    assert posenc.hf.normalize.transformers_reads("cohere2", "position_embedding_type") is False
+    assert posenc.hf.normalize.transformers_reads("glm", "partial_rotary_factor") is True
 
 
 def test_rope_only_entry_point_refuses_schemes():
@@ -269,3 +284,9 @@ def test_list_models_prints_the_table(capsys):
     out = capsys.readouterr().out
     for expected in ("cohere2", "sliding_rope", "mrope", "alibi", "t5 buckets", "gpt2"):
         assert expected in out
+
+
+@pytest.mark.parametrize("model_type", ["bloom", "gpt2", "t5"])
+def test_rope_entry_point_says_a_bias_or_table_family_has_no_rope(model_type):
+    with pytest.raises(ValueError, match=f"'{model_type}' has no RoPE.*from_hf_config"):
+        rope_from_hf_config({"model_type": model_type, "hidden_size": 64, "n_head": 4})

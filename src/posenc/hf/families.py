@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from posenc._checks import check_bool
+from posenc.hf.normalize import transformers_reads
 
 __all__ = ["FAMILIES", "LAYOUTS", "Family", "check_position_fields", "family"]
 
@@ -260,6 +261,11 @@ def family(model_type: object) -> Family:
             f"pass one of them: {parts}"
         )
     found = FAMILIES.get(model_type) if isinstance(model_type, str) else None
+    if found is None and _non_rotary(model_type):
+        raise ValueError(
+            f"model_type {model_type!r} has no RoPE (its positions are an attention bias or "
+            "a position table): use posenc.from_hf_config(config)"
+        )
     if found is None:
         raise ValueError(
             f"unknown model_type {model_type!r}: posenc does not know this family's rotary "
@@ -268,6 +274,16 @@ def family(model_type: object) -> Family:
             "the dict to read it as a Llama-style (half-split) config"
         )
     return found
+
+
+def _non_rotary(model_type: object) -> bool:
+    """Whether posenc builds ``model_type``'s positions as a bias or a table (BLOOM, GPT-2)."""
+    from posenc.hf.absolute import ABSOLUTE_FAMILIES  # the bias and table families
+    from posenc.hf.biases import ALIBI_FAMILIES
+
+    return isinstance(model_type, str) and (
+        model_type in ALIBI_FAMILIES or model_type in ABSOLUTE_FAMILIES
+    )
 
 
 _POSITION_FIELD = re.compile(r"rope|rotary|pos_emb|position_embedding_type|theta|scaling_beta")
@@ -282,7 +298,9 @@ def check_position_fields(cfg: Mapping[str, Any], fam: Family) -> None:
     """Raise on a set field that changes positions and that ``fam`` does not read.
 
     A field is position-changing when its name mentions rope, rotary, pos_emb,
-    position_embedding_type, theta or scaling_beta; None, False and empty values are unset.
+    position_embedding_type, theta or scaling_beta; None, False and empty values are unset;
+    a field that the installed transformers' code of the family never names is ignored, as
+    transformers ignores it (``posenc.hf.normalize.transformers_reads``).
     DBRX's and MPT's nested ``attn_config`` is searched too (``attn_config.rope_theta``).
 
     Raises:
@@ -304,7 +322,7 @@ def _check_fields(cfg: Mapping[str, Any], fam: Family, model_type: object, prefi
             continue
         if value is None or value is False or value == [] or value == {}:
             continue
-        if _POSITION_FIELD.search(name):
+        if _POSITION_FIELD.search(name) and transformers_reads(model_type, name) is not False:
             raise ValueError(
                 f"config field {prefix}{name}={value!r} changes positions, and posenc does not "
                 f"read it for model_type {model_type!r}; build the encoding explicitly"

@@ -15,10 +15,19 @@ import copy
 import functools
 import json
 import logging
+import re
+import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
-__all__ = ["ReadConfig", "config_class", "through_config_class", "with_attribute_map"]
+__all__ = [
+    "ReadConfig",
+    "config_class",
+    "through_config_class",
+    "transformers_reads",
+    "with_attribute_map",
+]
 
 
 class ReadConfig(dict):
@@ -43,6 +52,27 @@ def config_class(model_type: object) -> type | None:
     if mapping is None or not isinstance(model_type, str) or model_type not in mapping:
         return None
     return mapping[model_type]
+
+
+@functools.cache
+def _family_source(model_type: str) -> str | None:
+    cls = config_class(model_type)
+    if cls is None:
+        return None
+    folder = Path(sys.modules[cls.__module__].__file__).parent
+    files = sorted(folder.glob("modeling_*.py")) + sorted(folder.glob("configuration_*.py"))
+    return "\n".join(f.read_text(encoding="utf-8") for f in files) if files else None
+
+
+def transformers_reads(model_type: object, name: str) -> bool | None:
+    """Whether the installed transformers' code of ``model_type`` (its modeling and
+    configuration files) names the config field ``name``; None when unknown (transformers
+    missing, or a family it does not know). A field it never names is ignored when it
+    builds the model (Command R7B's ``position_embedding_type``), so posenc ignores it too."""
+    source = _family_source(model_type) if isinstance(model_type, str) else None
+    if source is None:
+        return None
+    return re.search(rf"\b{re.escape(name)}\b", source) is not None
 
 
 def with_attribute_map(cfg: dict[str, Any], cls: type) -> ReadConfig:
