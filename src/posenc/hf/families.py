@@ -279,11 +279,11 @@ def family(model_type: object) -> Family:
 def _non_rotary(model_type: object) -> bool:
     """Whether posenc builds ``model_type``'s positions as a bias or a table (BLOOM, GPT-2)."""
     from posenc.hf.absolute import ABSOLUTE_FAMILIES  # the bias and table families
-    from posenc.hf.biases import ALIBI_FAMILIES
+    from posenc.hf.biases import ALIBI_FAMILIES, T5_FAMILIES
+    from posenc.hf.deberta import DEBERTA_FAMILIES
 
-    return isinstance(model_type, str) and (
-        model_type in ALIBI_FAMILIES or model_type in ABSOLUTE_FAMILIES
-    )
+    tables = (ALIBI_FAMILIES, T5_FAMILIES, ABSOLUTE_FAMILIES, DEBERTA_FAMILIES)
+    return isinstance(model_type, str) and any(model_type in table for table in tables)
 
 
 _POSITION_FIELD = re.compile(r"rope|rotary|pos_emb|position_embedding_type|theta|scaling_beta")
