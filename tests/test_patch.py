@@ -267,3 +267,73 @@ def test_bfloat16_patch_is_as_close_to_float32_as_the_original(family):
         patch(model)
         patched = (model(ids).logits.double() - want).abs().max()
     assert patched <= 2 * original
+
+
+def test_patch_state_belongs_to_the_model(tmp_path_factory):
+    """A deep copy carries its own tracker (its decoding stays consistent while the
+    original's cache is untouched); nesting and pickling are refused by name."""
+    import copy
+    import pickle
+    import threading
+
+    model_cls, folder = _saved(tmp_path_factory, "llama", **DYNAMIC)
+    patched = patch(_load(model_cls, folder))
+    twin = copy.deepcopy(patched)
+    hooks = list(twin.model._forward_pre_hooks.values())
+    assert hooks and all(h.tracker is twin.model.rotary_emb.tracker for h in hooks)
+    assert twin.model.rotary_emb.tracker is not patched.model.rotary_emb.tracker
+    ids = torch.randint(0, VOCAB, (1, 16), generator=torch.Generator().manual_seed(8))
+    with torch.no_grad():
+        cache = transformers.DynamicCache(config=twin.config)
+        twin(ids[:, :8], past_key_values=cache, use_cache=True)
+        for t in range(8, 16):  # past the original length 10: the cache is recomputed
+            step = twin(ids[:, t : t + 1], past_key_values=cache, use_cache=True).logits
+        full = twin(ids).logits[:, -1:]
+    _close(step, full, 16)
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        pickle.dumps(patched)
+    with pytest.raises(ValueError, match="part of a model patched by posenc"):
+        patch(patched.model)
+    inner = patch(_load(model_cls, folder).model)
+    with pytest.raises(ValueError, match="submodule 'model' is already patched"):
+        patch(_OuterOf(inner))
+    # threads share one patched model, each with its own cache: each history is its own
+    errors = []
+
+    def decode(seed):
+        try:
+            local = torch.randint(0, VOCAB, (1, 14), generator=torch.Generator().manual_seed(seed))
+            with torch.no_grad():
+                cache = transformers.DynamicCache(config=patched.config)
+                patched(local[:, :6], past_key_values=cache, use_cache=True)
+                for t in range(6, 14):
+                    patched(local[:, t : t + 1], past_key_values=cache, use_cache=True)
+            history = patched.model.rotary_emb.tracker._history[cache]
+            assert torch.equal(history[0], torch.arange(14)), history
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    workers = [threading.Thread(target=decode, args=(s,)) for s in range(4)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert not errors, errors
+
+
+class _OuterOf(torch.nn.Module):
+    """A model holding an already patched base model (as ``LlamaForCausalLM`` does)."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.model, self.config = inner, inner.config
+
+
+def test_compiled_patched_model_gives_the_eager_logits(tmp_path_factory):
+    model_cls, folder = _saved(tmp_path_factory, "llama")
+    model = patch(_load(model_cls, folder))
+    ids = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(9))
+    with torch.no_grad():
+        eager = model(ids).logits
+        compiled = torch.compile(model, backend="eager")(ids).logits
+    torch.testing.assert_close(compiled, eager, rtol=0, atol=0)

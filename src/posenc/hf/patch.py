@@ -52,7 +52,7 @@ from posenc._checks import check_bool
 from posenc.encodings.rotary.module import LENGTH_POLICIES, RotaryEmbedding
 from posenc.hf.config import as_config_dict, config_family, rope_from_hf_config
 from posenc.hf.normalize import ReadConfig
-from posenc.hf.patch_cache import CacheTracker, TrackerPostHook, TrackerPreHook
+from posenc.hf.patch_cache import NOT_PICKLED, CacheTracker, TrackerPostHook, TrackerPreHook
 from posenc.hf.patch_rotation import Rotation, measure_rotation, rebind, rotation_methods
 
 __all__ = ["PatchedRotary", "patch", "patch_encodings", "unpatch"]
@@ -240,11 +240,15 @@ class _PatchedMethod:
     """A module's method rebuilt on posenc's rotation, bound to that module.
 
     A deep copy binds the copy's module; pickling is refused by name (the rebuilt code has
-    no importable name): unpatch first, or save weights with ``save_pretrained``."""
+    no importable name): unpatch first, or save weights with ``save_pretrained``. Under
+    ``torch.compile`` these methods run eagerly (a graph break around each patched
+    attention module; the rest of the model compiles), since dynamo's guards assume a
+    function's globals are its module's."""
 
     def __init__(self, function: types.FunctionType, module: nn.Module) -> None:
         self.function, self.module = function, module
 
+    @torch.compiler.disable  # dynamo cannot guard on rebuilt globals: run these eagerly
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.function(self.module, *args, **kwargs)
 
@@ -252,10 +256,7 @@ class _PatchedMethod:
         return _PatchedMethod(self.function, copy.deepcopy(self.module, memo))
 
     def __reduce_ex__(self, protocol: Any) -> Any:
-        raise TypeError(
-            "a model patched by posenc.hf.patch cannot be pickled; call "
-            "posenc.hf.unpatch(model) first (save_pretrained saves its weights as they are)"
-        )
+        raise TypeError(NOT_PICKLED)
 
 
 def _arrangement(original: nn.Module, encodings: dict, width_x: int) -> tuple[str, Any, str]:

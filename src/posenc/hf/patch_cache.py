@@ -29,8 +29,12 @@ from torch import Tensor, nn
 
 from posenc.encodings.rotary.module import RotaryEmbedding
 
-__all__ = ["CacheTracker", "TrackerPostHook", "TrackerPreHook"]
+__all__ = ["NOT_PICKLED", "CacheTracker", "TrackerPostHook", "TrackerPreHook"]
 
+NOT_PICKLED = (
+    "a model patched by posenc.hf.patch cannot be pickled; call posenc.hf.unpatch(model) "
+    "first (save_pretrained saves its weights as they are)"
+)
 _CACHE_ARGUMENTS = ("cache", "past_key_values")  # transformers >= 5.24 and before
 _INPUTS = ("input_ids", "inputs_embeds")
 
@@ -56,6 +60,9 @@ class CacheTracker:
 
     def __deepcopy__(self, memo: dict) -> CacheTracker:
         return CacheTracker(self.layer_types, self.policy)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise TypeError(NOT_PICKLED)
 
     def _get(self, name: str, default: Any = None) -> Any:
         return getattr(self._local, name, default)
