@@ -4,7 +4,8 @@ The walk imports each module of ``diffusers.models.transformers`` and collects i
 classes (``ModelMixin`` subclasses defined there). Each must be a class of a row of
 ``posenc.diffusers.FAMILIES`` with a parity case in ``tests/_diffusers_cases`` or a row of
 the "Not matched" table of ``docs/diffusers.md``, never both; the page's coverage line
-and the README's must be the walk's count and the installed version.
+and the README's and ``docs/interop.md``'s must be the walk's count and the installed
+version.
 """
 
 from __future__ import annotations
@@ -84,8 +85,10 @@ def test_page_lists_the_matched_classes_and_the_walks_coverage():
     assert line in PAGE.read_text()
     assert f"diffusers {version}" in _section("Coverage")
     total = len(_model_classes())
-    readme = " ".join((PAGE.parents[1] / "README.md").read_text().split())  # lines joined
-    assert f"**{len(MATCHED)} of the {total} model classes of diffusers {version}**" in readme
+    for page in (PAGE.parents[1] / "README.md", PAGE.parent / "interop.md"):
+        text = " ".join(page.read_text().split())  # lines joined
+        line = f"**{len(MATCHED)} of the {total} model classes of diffusers {version}**"
+        assert line in text, page
 
 
 @pytest.mark.parametrize("name", sorted(MATCHED))

@@ -6,8 +6,8 @@ walk of ``test_interop_positions`` finds it and does not tag it ``WITHOUT_TEXT``
 patches, audio frames, time steps, protein residues). It is matched when every such rotary
 embedding and its non-rotary positions are compared with the family's own code there
 (none of them ``UNSUPPORTED`` nor, for the non-rotary walk, ``PARTIAL``: families whose
-released configs add positions posenc refuses by name). ``README.md`` states the count;
-the test keeps it true.
+released configs add positions posenc refuses by name). ``README.md`` and
+``docs/interop.md`` state the count; the test keeps both true.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import test_hf_families as rotary
 import test_interop_positions as positions
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+INTEROP = README.parent / "docs" / "interop.md"
 
 
 def text_families() -> dict[str, bool]:
@@ -49,16 +50,18 @@ def test_readme_states_the_text_family_coverage():
         r"(\d+)\s+of\s+the\s+(\d+)\s+model\s+families\s+with\s+text\s+positions\s+in\s+"
         r"transformers\s+(\S+)"
     )
-    stated = rotary.walk.readme_coverage(README.read_text(encoding="utf-8"), pattern)
-    assert stated, "README's interop section must state the text-family coverage"
-    if transformers.__version__ not in stated:
-        pytest.skip(
-            f"README states the coverage of transformers {sorted(stated)}; this run measures "
-            f"{matched} of {total} on {transformers.__version__}"
+    for page in (README, INTEROP):
+        stated = rotary.walk.readme_coverage(page.read_text(encoding="utf-8"), pattern)
+        assert stated, f"{page.name} must state the text-family coverage"
+        if transformers.__version__ not in stated:
+            pytest.skip(
+                f"{page.name} states the coverage of transformers {sorted(stated)}; this run "
+                f"measures {matched} of {total} on {transformers.__version__}"
+            )
+        assert stated[transformers.__version__] == (matched, total), (
+            f"{page.name} says {stated[transformers.__version__]}; this run measures "
+            f"{(matched, total)}"
         )
-    assert stated[transformers.__version__] == (matched, total), (
-        f"README says {stated[transformers.__version__]}; this run measures {(matched, total)}"
-    )
 
 
 def test_partial_families_are_walked_families():

@@ -41,7 +41,9 @@ def fox_attention(
     ``s_ij = scale q_i . k_j + sum_{l = j+1..i} log f_l``.
 
     Args:
-        q, k, v: ``[H, T, D]``.
+        q: ``[H, T, D]`` queries.
+        k: ``[H, T, D]`` keys.
+        v: ``[H, T, D]`` values.
         log_f: ``[H, T]`` log forget gates.
         scale: ``1 / sqrt(D)`` when None.
 
@@ -71,7 +73,9 @@ def stick_breaking_attention(
     for ``j < i``; with ``attend_current`` ``j <= i`` and ``j < l <= i``. ``o_i = sum_j A_ij v_j``.
 
     Args:
-        q, k, v: ``[H, T, D]``.
+        q: ``[H, T, D]`` queries.
+        k: ``[H, T, D]`` keys.
+        v: ``[H, T, D]`` values.
 
     Returns:
         ``[H, T, D]``.
@@ -112,7 +116,10 @@ def path_attention(
     ``o_i = sum_{j <= i} softmax_j(s_ij) v_j``.
 
     Args:
-        q, k, v, w: ``[H, T, D]``.
+        q: ``[H, T, D]`` queries.
+        k: ``[H, T, D]`` keys.
+        v: ``[H, T, D]`` values.
+        w: ``[H, T, D]`` unit vectors ``w_t`` of ``H_t``.
         beta: ``[H, T]``.
 
     Returns:
