@@ -290,3 +290,13 @@ def test_list_models_prints_the_table(capsys):
 def test_rope_entry_point_says_a_bias_or_table_family_has_no_rope(model_type):
     with pytest.raises(ValueError, match=f"'{model_type}' has no RoPE.*from_hf_config"):
         rope_from_hf_config({"model_type": model_type, "hidden_size": 64, "n_head": 4})
+
+
+def test_a_config_json_without_transformers_is_refused_not_guessed(monkeypatch):
+    """Released config.json files leave fields to their config class (Gemma 3's bases and
+    layer pattern); without transformers posenc cannot know them, so it refuses."""
+    monkeypatch.setattr(posenc.hf.normalize, "_mapping", lambda: None)
+    with pytest.raises(ValueError, match=r"model_type 'gemma3_text' needs transformers"):
+        from_hf_config({"model_type": "gemma3_text", "head_dim": 128}, layer_idx=0)
+    plain = from_hf_config({"hidden_size": 64, "num_attention_heads": 4})  # Llama-style
+    assert isinstance(plain, posenc.RotaryEmbedding) and plain.head_dim == 16
