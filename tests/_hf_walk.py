@@ -314,6 +314,26 @@ def readme_coverage(text: str, pattern: str) -> dict[str, tuple[int, int]]:
     return {m[3].rstrip(".,;)*"): (int(m[1]), int(m[2])) for m in re.finditer(pattern, text)}
 
 
+def check_stated_coverage(pages, pattern: str, matched: int, total: int) -> None:
+    """Each page states ``(matched, total)`` for the installed transformers (``pattern`` as
+    for ``readme_coverage``); a version no page states is reported and skipped."""
+    import pytest
+    import transformers
+
+    version = transformers.__version__
+    for page in pages:
+        stated = readme_coverage(page.read_text(encoding="utf-8"), pattern)
+        assert stated, f"{page.name} must state the coverage"
+        if version not in stated:
+            pytest.skip(
+                f"{page.name} states the coverage of transformers {sorted(stated)}; this run "
+                f"measures {matched} of {total} on {version}"
+            )
+        assert stated[version] == (matched, total), (
+            f"{page.name} says {stated[version]}; this run measures {(matched, total)}"
+        )
+
+
 def not_in_table(case: RotaryCase) -> str | None:
     """The case's ``model_type`` when posenc's family table lacks it (a family new in the
     installed release: ``from_hf_config`` refuses it by name), else None."""

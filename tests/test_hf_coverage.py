@@ -18,7 +18,6 @@ import pytest
 
 pytest.importorskip("transformers", reason="the coverage walks the installed transformers")
 
-import transformers
 
 import _hf_position_walk as position_walk
 import test_hf_families as rotary
@@ -50,18 +49,7 @@ def test_readme_states_the_text_family_coverage():
         r"(\d+)\s+of\s+the\s+(\d+)\s+model\s+families\s+with\s+text\s+positions\s+in\s+"
         r"transformers\s+(\S+)"
     )
-    for page in (README, INTEROP):
-        stated = rotary.walk.readme_coverage(page.read_text(encoding="utf-8"), pattern)
-        assert stated, f"{page.name} must state the text-family coverage"
-        if transformers.__version__ not in stated:
-            pytest.skip(
-                f"{page.name} states the coverage of transformers {sorted(stated)}; this run "
-                f"measures {matched} of {total} on {transformers.__version__}"
-            )
-        assert stated[transformers.__version__] == (matched, total), (
-            f"{page.name} says {stated[transformers.__version__]}; this run measures "
-            f"{(matched, total)}"
-        )
+    rotary.walk.check_stated_coverage((README, INTEROP), pattern, matched, total)
 
 
 def test_partial_families_are_walked_families():

@@ -146,18 +146,7 @@ def test_readme_states_coverage():
     pattern = (
         r"matches\s+(\d+)\s+of\s+the\s+(\d+)\s+rotary\s+embeddings\s+of\s+transformers\s+(\S+)"
     )
-    for page in (README, INTEROP):
-        stated = walk.readme_coverage(page.read_text(encoding="utf-8"), pattern)
-        assert stated, f"{page.name} must state the coverage"
-        if transformers.__version__ not in stated:
-            pytest.skip(
-                f"{page.name} states the coverage of transformers {sorted(stated)}; this run "
-                f"measures {matched} of {total} on {transformers.__version__}"
-            )
-        assert stated[transformers.__version__] == (matched, total), (
-            f"{page.name} says {stated[transformers.__version__]}; this run measures "
-            f"{(matched, total)}"
-        )
+    walk.check_stated_coverage((README, INTEROP), pattern, matched, total)
 
 
 def test_the_walk_imports_every_modeling_module():
