@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-from posenc.attention_backends import peak_tensor_bytes
+from posenc.attention.backends import peak_tensor_bytes
 from posenc.bench import bias
 from posenc.bench.timing import load_average, machine_info, measure
 

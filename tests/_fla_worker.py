@@ -28,7 +28,7 @@ from fla.ops.path_attn import naive_path_attn, parallel_path_attn
 from fla.ops.stickbreaking_attn import parallel_stickbreaking_attn
 from fla.ops.stickbreaking_attn.naive import naive_stickbreaking_attn
 
-from posenc.attention_backends import Masking, attend
+from posenc.attention.backends import Masking, attend
 from posenc.encodings import ForgettingAttention, PaTH, StickBreakingAttention
 
 autotuner.Autotuner._bench = lambda self, *args, config=None, **kwargs: [0.0, 0.0, 0.0]

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 import posenc
 from conftest import tolerances
 from posenc import Compose, KVCache, MultiHeadAttention, PositionalEncoding, Site
-from posenc.attention_backends import DEFAULT_BLOCK_SIZE, Masking, attend, peak_tensor_bytes
+from posenc.attention.backends import DEFAULT_BLOCK_SIZE, Masking, attend, peak_tensor_bytes
 
 C, H, KV, R = 16, 4, 2, 3  # d_model, heads, kv heads, clipping radius of the tables
 D = C // H

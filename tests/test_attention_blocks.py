@@ -10,7 +10,7 @@ import torch
 import posenc
 from conftest import tolerances
 from posenc import MultiHeadAttention
-from posenc.attention_backends import Masking, attend, peak_tensor_bytes
+from posenc.attention.backends import Masking, attend, peak_tensor_bytes
 
 OFFSET = ["alibi", "t5", "kerple", "sandwich"]
 C, H = 16, 4

@@ -68,7 +68,7 @@ def test_fullgraph_capture_matches_eager_without_recompiling_per_length(name, mo
     # What holds, exactly: the captured graph equals eager's per-block path bit for bit.
     # Over consecutive positions eager reads an offset-only bias (ALiBi, T5, KERPLE,
     # Sandwich) from one offset table with the keys in reverse order instead
-    # (posenc.attention_blocks.offset_block), which a graph cannot choose without reading
+    # (posenc.attention.blocks.offset_block), which a graph cannot choose without reading
     # the positions on the host: the same float32 sums in another order, equal to the
     # per-block result up to float32 rounding and nothing more.
     offset_only = posenc.info(name).cls.offset_only
@@ -76,7 +76,7 @@ def test_fullgraph_capture_matches_eager_without_recompiling_per_length(name, mo
         x, pos = _inputs(length), attention_positions(layer.position, None, length)
         got = compiled(x, pos)
         with monkeypatch.context() as patched:
-            patched.setattr(posenc.attention_backends, "offset_table", lambda *args: None)
+            patched.setattr(posenc.attention.backends, "offset_table", lambda *args: None)
             per_block = layer(x, pos)
         torch.testing.assert_close(got, per_block, rtol=0, atol=0)
         if offset_only:

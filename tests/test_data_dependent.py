@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 import posenc
 from conftest import tolerances
 from posenc import reference
-from posenc.attention_backends import Masking, attend
+from posenc.attention.backends import Masking, attend
 from posenc.encodings import (
     DAPE,
     ForgettingAttention,

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from posenc import MultiHeadAttention, RotaryEmbedding
-from posenc.encodings.rotary.scaling_extended import YarnScaling, yarn_correction_range
+from posenc.encodings.rotary.context_scaling import YarnScaling, yarn_correction_range
 from posenc.kv_cache import KVCache
 from posenc.lab import LabConfig
 from posenc.lab.decoded import DecodedDynamicNTK

@@ -91,7 +91,7 @@ def test_attention_core_runs_in_attention_dtype_under_autocast(monkeypatch, posi
         seen.append((q.dtype, k.dtype, v.dtype, torch.is_autocast_enabled("cpu")))
         return attend(q, k, v, **options)
 
-    monkeypatch.setattr(posenc.attention, "attend", spy)
+    monkeypatch.setattr(posenc.attention.module, "attend", spy)
     torch.manual_seed(0)
     layer = MultiHeadAttention(32, 2, position=position, attention_dtype=torch.float32)
     reference = MultiHeadAttention(32, 2, position=position).double()
@@ -135,7 +135,7 @@ def test_the_lab_model_sets_the_core_dtype_per_pass(monkeypatch):
     seen = []
     attend = posenc.attention.attend
     monkeypatch.setattr(
-        posenc.attention,
+        posenc.attention.module,
         "attend",
         lambda q, k, v, **o: seen.append(q.dtype) or attend(q, k, v, **o),
     )

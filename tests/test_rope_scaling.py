@@ -23,8 +23,8 @@ from posenc import (
     YarnScaling,
     rope_inv_freq,
 )
+from posenc.encodings.rotary.context_scaling import yarn_correction_range
 from posenc.encodings.rotary.scaling import base_inv_freq, resolve_scaling, scaling_from_dict
-from posenc.encodings.rotary.scaling_extended import yarn_correction_range
 from posenc.reference import rope as ref
 
 

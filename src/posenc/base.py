@@ -24,7 +24,7 @@ to ``H`` heads) and may be called once per query block.
 WEIGHTS encodings compute the attention weights themselves (data-dependent attention:
 forget gates, stick-breaking) from ``q``, ``k`` and per-token *gates* that ``gates``
 computes from the layer's input ``x`` (cached beside the keys); ``weights`` replaces the
-scaled dot product and the softmax (``posenc.attention_blocks.weights_block``).
+scaled dot product and the softmax (``posenc.attention.blocks.weights_block``).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ forward pass on ``x [1, T, C]`` with its default backend (query blocks; the bias
 computation is included), against the same layer without a position (one SDPA causal
 call). Peak memory compares that backend with the materialized ``[1, H, T, T]`` bias
 (``backend="sdpa"``, or ``"eager"`` for VALUE encodings), as counted by
-``posenc.attention_backends.peak_tensor_bytes``.
+``posenc.attention.backends.peak_tensor_bytes``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Callable
 import torch
 
 from posenc.attention import MultiHeadAttention
-from posenc.attention_backends import peak_tensor_bytes
+from posenc.attention.backends import peak_tensor_bytes
 from posenc.base import Site, available, info
 from posenc.bench.timing import Group, measure
 

@@ -14,7 +14,7 @@ computation included, no gradients):
   the floor a bias can only add to.
 
 Peak memory is what the tensors allocated by aten ops add up to at their highest
-(``posenc.attention_backends.peak_tensor_bytes``), next to the size of one ``[H, T, T]``
+(``posenc.attention.backends.peak_tensor_bytes``), next to the size of one ``[H, T, T]``
 float32 tensor. ``posenc bench --only bias`` runs it; so does
 ``benchmarks/bench_bias_attention.py`` (``main``), with more options.
 """
@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from posenc.attention_backends import DEFAULT_BLOCK_SIZE, Masking, attend, peak_tensor_bytes
+from posenc.attention.backends import DEFAULT_BLOCK_SIZE, Masking, attend, peak_tensor_bytes
 from posenc.base import Site, available, build, info
 
 __all__ = ["COLUMNS", "main", "run", "score_encodings"]

@@ -25,6 +25,13 @@ from posenc.encodings.learned import LearnedPositionalEncoding
 from posenc.encodings.nope import NoPE
 from posenc.encodings.rotary.apply import apply_rope
 from posenc.encodings.rotary.axial import AxialRope, axial_positions, dinov3_positions
+from posenc.encodings.rotary.context_scaling import (
+    DynamicNTKScaling,
+    Llama3Scaling,
+    LongRopeScaling,
+    NTKScaling,
+    YarnScaling,
+)
 from posenc.encodings.rotary.functional import (
     rerotate_keys,
     rope_cos_sin,
@@ -42,13 +49,6 @@ from posenc.encodings.rotary.scaling import (
     rope_inv_freq,
     scaling_from_dict,
     scaling_types,
-)
-from posenc.encodings.rotary.scaling_extended import (
-    DynamicNTKScaling,
-    Llama3Scaling,
-    LongRopeScaling,
-    NTKScaling,
-    YarnScaling,
 )
 from posenc.encodings.rotary.temperature import PositionTemperature
 from posenc.encodings.rotary.xpos import XPos, xpos_scale

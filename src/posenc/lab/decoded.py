@@ -25,7 +25,7 @@ from torch import Tensor
 from posenc._dtypes import compute_dtype
 from posenc.base import PositionalEncoding, Site
 from posenc.encodings.rotary.apply import apply_rope
-from posenc.encodings.rotary.scaling_extended import DynamicNTKScaling, dynamic_ntk_inv_freq
+from posenc.encodings.rotary.context_scaling import DynamicNTKScaling, dynamic_ntk_inv_freq
 
 __all__ = ["DecodedDynamicNTK"]
 

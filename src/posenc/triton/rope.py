@@ -22,7 +22,7 @@ from torch import Tensor
 from triton.runtime.interpreter import InterpretedFunction
 
 from posenc._dtypes import compute_dtype
-from posenc.encodings.rotary.apply import check_no_overlap, shares_memory
+from posenc.encodings.rotary.layout import check_no_overlap, shares_memory
 from posenc.encodings.rotary.rope_op import rotation_function
 
 __all__ = ["rope"]

@@ -11,7 +11,7 @@ Shapes: ``B`` batch, ``H`` heads, ``T`` length, ``D`` head_dim, ``C = H * D`` d_
   holding each encoding, at its (seeded) initialisation, when every position holds the
   same token: with the content equal everywhere, the pattern is the encoding's alone.
 * ``attention_probs``: those probabilities for any input (the eager formula of
-  ``posenc.attention_backends``, ``softmax(q k^T / sqrt(D) + b + mask)``).
+  ``posenc.attention.backends``, ``softmax(q k^T / sqrt(D) + b + mask)``).
 
 Parts above the diagonal are grey: causal models never use them. Each panel has its own
 colour scale (heads differ by orders of magnitude): a sequential map for a one-signed

@@ -54,6 +54,7 @@ from torch import Tensor
 from posenc import triton as posenc_triton
 from posenc._checks import check_bool, check_tensor
 from posenc.encodings.rotary import rope_op
+from posenc.encodings.rotary.layout import check_no_overlap, shares_memory
 from posenc.encodings.rotary.rope_op import compute_dtype, rotate_into, rotation_function
 
 __all__ = ["apply_rope", "apply_rope_", "check_no_overlap", "shares_memory"]
@@ -83,36 +84,6 @@ def _check(x: Tensor, cos: Tensor, sin: Tensor) -> int:
     if cos.dim() == 3 and cos.shape[0] not in (1, x.shape[0]):
         raise ValueError(f"cos/sin have batch {cos.shape[0]} but x has batch {x.shape[0]}")
     return rotary_dim
-
-
-def check_no_overlap(x: Tensor, *, hint: str) -> None:
-    """Raise ``ValueError`` unless ``x``'s elements provably occupy distinct memory.
-
-    Sorted by stride, each dimension must step past everything the smaller ones reach
-    (the test torch itself uses for dense layouts, extended to gaps); a layout that
-    fails it may overlap (an expanded tensor, rows that share features) and an in-place
-    result on it would depend on the order of the writes.
-    """
-    if x.numel() == 0:
-        return
-    dims = sorted(
-        (stride, size) for stride, size in zip(x.stride(), x.shape, strict=True) if size > 1
-    )
-    reach = 0
-    for stride, size in dims:
-        if stride <= reach:
-            raise ValueError(
-                f"x (shape {tuple(x.shape)}, strides {x.stride()}) may have overlapping "
-                f"elements in memory; {hint}"
-            )
-        reach += (size - 1) * stride
-
-
-def shares_memory(a: Tensor, b: Tensor) -> bool:
-    """True when ``a`` and ``b`` are views of one storage."""
-    if a._is_zerotensor() or b._is_zerotensor():  # no storage at all
-        return False
-    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
 _Rope = rotation_function(

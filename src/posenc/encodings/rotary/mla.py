@@ -30,9 +30,9 @@ from posenc._checks import check_int
 from posenc._dtypes import compute_dtype
 from posenc.base import PositionalEncoding, Site, register
 from posenc.encodings.rotary._shapes import check_qk
+from posenc.encodings.rotary.context_scaling import YarnScaling
 from posenc.encodings.rotary.module import RotaryEmbedding
 from posenc.encodings.rotary.scaling import DEFAULT_BASE, ScalingSpec
-from posenc.encodings.rotary.scaling_extended import YarnScaling
 
 __all__ = ["MLARope", "mla_softmax_scale"]
 

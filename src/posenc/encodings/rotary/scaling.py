@@ -16,7 +16,7 @@ llama3      wavelength bands, smoothed (Meta 2024, Llama 3.1)        1
 longrope    ``theta_i / lambda_i``, short or long list (Ding 2024)   ``sqrt(1 + ln s / ln L0)``
 =========== ======================================================== ==================
 
-NTK, dynamic NTK, YaRN, Llama 3 and LongRoPE live in ``rope_scaling_extended``; this
+NTK, dynamic NTK, YaRN, Llama 3 and LongRoPE live in ``rope_context_scaling``; this
 module holds the parameter base class, default and linear, the registry and the front
 door (``rope_inv_freq``, HF-style dicts). Every
 function computes in float64 from the float64 ``theta_i``; ``rope_inv_freq`` rounds once

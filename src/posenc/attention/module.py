@@ -42,7 +42,7 @@ from posenc._checks import (
     resolve_positions,
 )
 from posenc._dtypes import without_autocast
-from posenc.attention_backends import DEFAULT_BLOCK_SIZE, Masking, attend, check_backend
+from posenc.attention.backends import DEFAULT_BLOCK_SIZE, Masking, attend, check_backend
 from posenc.base import PositionalEncoding, Site, build
 from posenc.encodings.nope import NoPE
 from posenc.kv_cache import KVCache
@@ -97,7 +97,7 @@ class MultiHeadAttention(nn.Module):
         bias: whether the four projections have biases.
         backend: ``"auto"`` (SDPA for QK-only encodings, the chunked path for SCORE and
             VALUE ones), ``"sdpa"``, ``"eager"`` or ``"chunked"``; see
-            ``posenc.attention_backends``.
+            ``posenc.attention.backends``.
         block_size: queries per block of the chunked path.
         attention_dtype: a floating dtype in which the attention core runs: queries,
             keys and values are cast to it right after their projections, and the

@@ -26,17 +26,14 @@ kernels have a backward that is not itself differentiable (used for double backw
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from posenc.attention.masking import Masking
 from posenc.base import PositionalEncoding, Site
 from posenc.encodings._relative import consecutive_runs
-
-if TYPE_CHECKING:
-    from posenc.attention_backends import Masking
 
 __all__ = [
     "OffsetTable",
