@@ -49,11 +49,8 @@ NOT_BUILT = {
 # families whose positions differ from one rotary table per layer type: patch refuses them
 # by name (their layer plans are still checked)
 PATCH_REFUSED = {
-    "ministral3": "a query temperature beside the rotation (the temperature scheme)",
     "granite_swa": "a RoPE base per layer (layer_rope_theta)",
     "granitemoe_swa": "a RoPE base per layer (layer_rope_theta)",
-    "gemma4_text": "proportional RoPE with per-layer head sizes",
-    "gemma4_unified_text": "proportional RoPE with per-layer head sizes",
     "deepseek_v4": "main and compressed-attention rotations per layer",
     "moshi": "two rotary modules (the depth decoder has its own)",
 }

@@ -50,7 +50,9 @@ from torch import Tensor, nn
 
 from posenc._checks import check_bool
 from posenc.encodings.rotary.module import LENGTH_POLICIES, RotaryEmbedding
+from posenc.encodings.rotary.temperature import PositionTemperature
 from posenc.hf.config import as_config_dict, config_family, rope_from_hf_config
+from posenc.hf.layers import from_hf_config
 from posenc.hf.normalize import ReadConfig
 from posenc.hf.patch_cache import NOT_PICKLED, CacheTracker, TrackerPostHook, TrackerPreHook
 from posenc.hf.patch_rotation import Rotation, measure_rotation, rebind, rotation_methods
@@ -62,6 +64,8 @@ PROBE_LENGTH = 8
 # per-layer rules whose layers need tables of their own (the others only say which layers
 # rotate, which the model's own attention code decides)
 _PER_LAYER_TABLES = ("layer_rope_theta", "rope_scaling_layers")
+# schemes whose layers still take one rotary table per layer type
+_ONE_TABLE_SCHEMES = ("proportional", "temperature")
 _HOOKS = (TrackerPreHook, TrackerPostHook)
 _KEEP = ("rope_theta", "partial_rotary_factor")
 _ORIGINAL = "original_max_position_embeddings"
@@ -201,7 +205,7 @@ def patch_encodings(
     """
     cfg, fam = config_family(config)
     model_type = str(cfg.get("model_type"))
-    if fam.scheme is not None or fam.layers in _PER_LAYER_TABLES:
+    if fam.scheme not in (None, *_ONE_TABLE_SCHEMES) or fam.layers in _PER_LAYER_TABLES:
         raise ValueError(
             f"model_type {model_type!r} is not supported by posenc.hf.patch: its positions "
             f"differ from one rotary table per layer type ({fam.scheme or fam.layers})"
@@ -209,12 +213,34 @@ def patch_encodings(
     types_ = _layer_types(cfg)
     cfg = _with_scaling(cfg, types_, scaling)
     try:
-        encodings = {
-            t: rope_from_hf_config(cfg, layer_type=t, length_policy=length_policy) for t in types_
-        }
+        if fam.scheme is None:
+            encodings = {
+                t: rope_from_hf_config(cfg, layer_type=t, length_policy=length_policy)
+                for t in types_
+            }
+        else:
+            encodings = {t: _scheme_rotary(cfg, t, length_policy) for t in types_}
     except ValueError as exc:
         raise ValueError(f"model_type {model_type!r}: {exc}") from exc
     return encodings, model_type, cfg
+
+
+def _scheme_rotary(cfg: dict[str, Any], layer_type: str | None, policy: str) -> RotaryEmbedding:
+    """The rotary table of a one-table scheme's layer type: proportional RoPE (Gemma 4), or
+    the rotation of a query-temperature scheme (Ministral 3: its attention code scales the
+    queries itself, outside the rotation that patch replaces)."""
+    encoding = from_hf_config(cfg, layer_type=layer_type)
+    parts = getattr(encoding, "encodings", None) or [encoding]
+    rotary = [p for p in parts if isinstance(p, RotaryEmbedding)]
+    others = [p for p in parts if not isinstance(p, (RotaryEmbedding, PositionTemperature))]
+    if len(rotary) != 1 or others:
+        raise ValueError(f"layer type {layer_type!r} has no single rotary table ({encoding})")
+    if rotary[0].scaling.length_dependent and rotary[0].length_policy != policy:
+        raise ValueError(
+            f"the {rotary[0].scaling.rope_type} scaling of this scheme follows the "
+            f"{rotary[0].length_policy!r} length policy, not {policy!r}"
+        )
+    return rotary[0]
 
 
 def _text_config(model: nn.Module) -> Any:
