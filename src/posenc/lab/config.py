@@ -328,8 +328,8 @@ def resolve_encodings(names: list[str]) -> tuple[str, ...]:
             for resolved in text if name == "all" else [name]:
                 if info(resolved).position_shape == "[N, A]":
                     raise ValueError(
-                        f"encoding {resolved!r} takes image patch coordinates [N, A]; the "
-                        "lab's tasks are token sequences"
+                        f"encoding {resolved!r} takes image patch coordinates, not the "
+                        "lab's token sequences"
                     )
                 if resolved not in out:
                     out.append(resolved)
