@@ -118,7 +118,9 @@ def test_a_truncated_library_is_never_loaded(tmp_path, compiler):
         assert "failed its checksum" in done.stdout
     else:
         assert done.stdout.startswith(cpu_kernel.ACTIVE)
-        assert cpu_kernel._sha256(library) == cpu_kernel._sha256(cpu_kernel.library_path())
+        # rebuilt whole: the library matches the checksum its build recorded (builds from
+        # other environments or folders need not be byte-identical, so no cross-check)
+        assert cpu_kernel._verified(library) and library.stat().st_size > 20000
 
 
 @pytest.mark.slow
