@@ -323,8 +323,8 @@ def _rotations(
     precision = max(floating, key=lambda d: torch.finfo(d).eps, default=torch.float32)
     found: dict[tuple[str, str], Rotation] = {}
     for module, methods in attentions.items():
-        namespace = inspect.unwrap(getattr(type(module), next(iter(methods)))).__globals__
-        for names in methods.values():
+        for method, names in methods.items():
+            namespace = inspect.unwrap(getattr(type(module), method)).__globals__
             for name in names:
                 key = (namespace["__name__"], name)
                 if key in found:
@@ -373,7 +373,8 @@ def _output(result: Any) -> Tensor:
     return result[0]
 
 
-def _probe_ids(model: nn.Module, parent: nn.Module) -> Tensor:
+def _probe_ids(model: nn.Module) -> Tensor:
+    """``[1, PROBE_LENGTH]`` token ids spread over the model's vocabulary."""
     embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     weight = getattr(embedding, "weight", None)
     vocab = weight.shape[0] if weight is not None else 2
@@ -468,7 +469,7 @@ def patch(
         )
     original = parent.rotary_emb
     arrangement, rotations = _rotations(attentions, original, own, model_type)
-    ids = _probe_ids(model, parent) if verify else None
+    ids = _probe_ids(model) if verify else None
     expected = _probe(model, ids) if verify else None
     tracker = CacheTracker(None if None in encodings else cfg.get("layer_types"), policy)
     rotary = PatchedRotary(own, tracker, original, arrangement)
