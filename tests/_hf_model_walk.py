@@ -19,7 +19,6 @@ Shapes: ``B`` batch, ``H`` heads, ``T`` length, ``W`` width of the rotated tenso
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
 import logging
 import re
@@ -31,7 +30,7 @@ import torch
 
 import posenc
 from posenc.encodings.rotary.apply import apply_rope
-from posenc.hf.patch_rotation import rebind, rotation_methods
+from posenc.hf.patch_rotation import TENSOR_ARGUMENTS, rebind, rotation_methods
 
 T, OFFSET = 7, 1000
 EPS32 = torch.finfo(torch.float32).eps
@@ -157,7 +156,7 @@ def _recorder(real, layer: int, record: Record):
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
         values = bound.arguments
-        names = [n for n in values if n in ("q", "k", "x", "tensor", "xq", "xk")]
+        names = [n for n in values if n in TENSOR_ARGUMENTS]
         inputs = [values[n] for n in names if values[n] is not None]
         outputs = list(out) if isinstance(out, tuple) else [out]
         axis = values.get("unsqueeze_dim")
@@ -302,7 +301,7 @@ def check_patch(model_type: str, model=None) -> list[str]:
     with torch.no_grad():
         got = model(input_ids=ids).logits
         patched = model.generate(ids[:, :T], max_new_tokens=T, do_sample=False, pad_token_id=0)
-    tol = 16 * (2 * T + len(plan_layers(model))) * EPS32 * float(expected.abs().max())
+    tol = 16 * (2 * T + len(_rotating_modules(model))) * EPS32 * float(expected.abs().max())
     if not float((got - expected).abs().max()) <= tol:
         problems.append(f"logits differ by {float((got - expected).abs().max()):.3g}")
     if not torch.equal(patched, tokens):
@@ -314,13 +313,6 @@ def check_patch(model_type: str, model=None) -> list[str]:
     return problems
 
 
-def plan_layers(model) -> list:
+def _rotating_modules(model) -> list:
     """The decoder layers' attention modules that call a rotation function."""
     return [m for m in model.modules() if rotation_methods(type(m))]
-
-
-def modeling(model_type: str):
-    """The modeling module of the family's causal-LM class."""
-    import transformers
-
-    return importlib.import_module(getattr(transformers, families()[model_type]).__module__)

@@ -458,7 +458,7 @@ def patch(
         raise ValueError(f"length_policy must be one of {LENGTH_POLICIES}, got {length_policy!r}")
     _refuse_nested(model)
     config = as_config_dict(_text_config(model))
-    encodings, model_type, cfg = patch_encodings(config, scaling=scaling, length_policy=policy)
+    encodings, model_type, _ = patch_encodings(config, scaling=scaling, length_policy=policy)
     own, _, _ = patch_encodings(config, length_policy=policy) if scaling else (encodings, 0, 0)
     parent = _find_rotary(model, model_type)
     attentions = {m: found for m in parent.modules() if (found := rotation_methods(type(m)))}
@@ -471,7 +471,8 @@ def patch(
     arrangement, rotations = _rotations(attentions, original, own, model_type)
     ids = _probe_ids(model) if verify else None
     expected = _probe(model, ids) if verify else None
-    tracker = CacheTracker(None if None in encodings else cfg.get("layer_types"), policy)
+    dependent = any(e.scaling.length_dependent for e in (*encodings.values(), *own.values()))
+    tracker = CacheTracker(policy, dependent)
     rotary = PatchedRotary(own, tracker, original, arrangement)
     methods = _install(attentions, rotations)
     parent.rotary_emb = rotary

@@ -47,19 +47,22 @@ class CacheTracker:
     patched model gets a fresh tracker of its own.
 
     Args:
-        layer_types: the layer type of each decoder layer, or None when every layer uses
-            the one rotary table.
         policy: ``"monotone"`` or ``"transformers"``.
+        length_dependent: whether any rotary table of the model depends on the length
+            (dynamic NTK, LongRoPE). Positions and inputs are recorded only when a cache
+            may need recomputing (``"monotone"`` and length-dependent): otherwise a forward
+            adds no work.
     """
 
-    def __init__(self, layer_types: list[str] | None, policy: str) -> None:
-        self.layer_types, self.policy = layer_types, policy
+    def __init__(self, policy: str, length_dependent: bool) -> None:
+        self.policy, self.length_dependent = policy, length_dependent
+        self.recording = policy == "monotone" and length_dependent
         self._history: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # cache -> [B, N]
         self._inputs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # cache -> (name, x)
         self._local = threading.local()
 
     def __deepcopy__(self, memo: dict) -> CacheTracker:
-        return CacheTracker(self.layer_types, self.policy)
+        return CacheTracker(self.policy, self.length_dependent)
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         raise TypeError(NOT_PICKLED)
@@ -84,7 +87,7 @@ class CacheTracker:
     def must_recompute(self, rotary: nn.Module, length: int) -> bool:
         """Whether a forward reaching ``length`` changes the frequencies of a non-empty
         cache under the monotone policy (the lengths are advanced as a side effect)."""
-        if self.policy != "monotone" or self._get("before", 0) == 0:
+        if not self.recording or self._get("before", 0) == 0:
             return False
         changes = [encoding.observe_length(length) for encoding in rotary.encodings.values()]
         return any(change is not None for change in changes)
@@ -109,7 +112,7 @@ class CacheTracker:
         if not encoding.scaling.length_dependent or positions.numel() == 0:
             return
         change = encoding.observe_length(int(positions.max()) + 1)
-        stale = self.policy == "monotone" and self._get("before", 0) > 0 and not self.nested
+        stale = self.recording and self._get("before", 0) > 0 and not self.nested
         if change is not None and stale:
             raise ValueError(
                 "the frequencies changed inside a cached forward that was not recomputed "
@@ -122,7 +125,7 @@ class CacheTracker:
         cache = self._get("cache") if cache is None else cache
         positions, inputs = self._get("positions"), self._get("inputs")
         self._local.cache = None
-        if cache is None or positions is None or inputs is None:
+        if not self.recording or cache is None or positions is None or inputs is None:
             return
         new = positions.to("cpu", torch.long)
         old, before = self._history.get(cache), self._get("before", 0)

@@ -33,11 +33,19 @@ from torch import Tensor
 
 from posenc.encodings.rotary.apply import apply_rope
 
-__all__ = ["LAYOUTS", "Rotation", "measure_rotation", "rebind", "rotation_methods"]
+__all__ = [
+    "LAYOUTS",
+    "TENSOR_ARGUMENTS",
+    "Rotation",
+    "measure_rotation",
+    "rebind",
+    "rotation_methods",
+]
 
 ROTATION_NAME = re.compile(r"^apply_rotary(_pos)?_emb(_interleave)?$")
 LAYOUTS = ("half", "interleaved", "deinterleave")
-_TENSORS = ("q", "k", "x", "tensor", "xq", "xk")
+#: the argument names of the tensors a rotation function rotates, across releases
+TENSOR_ARGUMENTS = ("q", "k", "x", "tensor", "xq", "xk")
 _TABLES = (("cos", "sin"), ("freqs_cis",))
 
 
@@ -117,7 +125,7 @@ class Rotation:
         sin = sin if self.sign == 1 else -sin
         axis = values.get("unsqueeze_dim", self.heads_axis)
         self.calls += 1
-        names = [n for n in values if n in _TENSORS]
+        names = [n for n in values if n in TENSOR_ARGUMENTS]
         out = [
             None if values[n] is None else _rotate(values[n], cos, sin, axis, self.layout)
             for n in names
@@ -148,7 +156,7 @@ def _call_real(
 ) -> Any:
     names = list(signature.parameters)
     args: dict[str, Any] = {}
-    tensors = [n for n in names if n in _TENSORS]
+    tensors = [n for n in names if n in TENSOR_ARGUMENTS]
     for name, value in zip(tensors, (q, k), strict=False):
         args[name] = value
     table_names = next((t for t in _TABLES if all(n in names for n in t)), None)
