@@ -249,5 +249,5 @@ def layer_plan(config: object) -> list[PositionalEncoding]:
         if sub is None:
             break
         counted = as_config_dict(sub)
-    source = cfg if fam.scheme is None else config
+    source = cfg if fam.scheme is None else as_config_dict(config)  # read once, not per layer
     return [from_hf_config(source, layer_idx=i) for i in range(_num_layers(counted))]

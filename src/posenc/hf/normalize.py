@@ -11,7 +11,6 @@ transformers is installed and knows the ``model_type``) and returns the class's 
 
 from __future__ import annotations
 
-import copy
 import functools
 import json
 import logging
@@ -132,4 +131,4 @@ def through_config_class(config: Mapping[str, Any]) -> ReadConfig:
     normalized = _normalized(text)
     if normalized is None:
         return ReadConfig(config)
-    return ReadConfig(copy.deepcopy(json.loads(normalized)))
+    return ReadConfig(json.loads(normalized))  # fresh objects: the cache holds text
