@@ -378,6 +378,7 @@ def test_variants_per_encoding():
     ]
     assert set(labels) - {f"rope +{s}" for s in config.scalings} == {
         "rope +dynamic +decoded",  # dynamic NTK as decoded through a KV cache
+        "rope +ntk +hf",  # NTK-aware at transformers' alpha = factor
         "rope +yarn +hf",  # YaRN at transformers' default betas
     }
     assert [v.label for v in variants("learned", config)] == ["learned +interpolate"]

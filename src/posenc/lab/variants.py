@@ -15,6 +15,8 @@ keeping every weight (``TinyLM.with_encoding``):
   a KV cache (``posenc.lab.decoded``), beside ``+dynamic`` over whole windows;
 * YaRN with its ramp bounds scaled to the training length, and with transformers'
   defaults as the row ``+yarn +hf`` (see ``yarn_betas``);
+* NTK-aware with its alpha following the training length, and with transformers'
+  convention (alpha = factor) as the row ``+ntk +hf`` (see ``ntk_alpha``);
 * a learned table stretched by interpolation beyond its length.
 
 At ``L <= train_len`` a variant is the trained model itself (``factor`` 1). A
@@ -25,6 +27,7 @@ protocol: fine-tune at ``finetune_len`` with ``factor = finetune_len / train_len
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -38,7 +41,9 @@ __all__ = [
     "YARN_REFERENCE_LEN",
     "Variant",
     "build_encoding",
+    "critical_dim",
     "is_rotary",
+    "ntk_alpha",
     "scaling_spec",
     "variants",
     "yarn_betas",
@@ -110,6 +115,33 @@ def yarn_betas(original: int) -> tuple[float, float]:
     return YARN_BETAS[0] * ratio, YARN_BETAS[1] * ratio
 
 
+def critical_dim(rotary_dim: int, base: float, original: int) -> int:
+    """The critical dimension of Liu et al. 2024 ("Scaling Laws of RoPE-based
+    Extrapolation", ICLR 2024, eq. 8): ``2 ceil((R / 2) log_base(original / 2 pi))``, the
+    rotary dims whose pairs turn at least once over ``original`` positions (pair ``i``
+    has wavelength ``2 pi base ** (2i / R)``), kept within ``[2, R - 2]`` (at least one
+    pair; at most the last, transformers' NTK-aware convention)."""
+    turns = (rotary_dim / 2) * math.log(original / (2 * math.pi)) / math.log(base)
+    return min(max(2, 2 * math.ceil(turns)), rotary_dim - 2)
+
+
+def ntk_alpha(factor: float, original: int, *, rotary_dim: int, base: float) -> float:
+    """NTK-aware's alpha for stretch ``factor`` of a model trained at ``original`` positions.
+
+    NTK-aware (bloc97 2023; Peng et al. 2023, section 3.1) sets the base to ``base *
+    alpha ** (R / (R - 2))``; transformers takes ``alpha = factor``, which divides the
+    frequency of the *last* pair by ``factor``, whatever the training length. Following
+    the length instead, the pair divided by ``factor`` is the first one beyond the
+    critical dimension ``R_c`` (``critical_dim``), the first whose wavelength the training
+    length never covered, as Liu et al. 2024 (section 3.3) extend the context by raising
+    the base until that pair's wavelength covers the longer length: ``base' = base *
+    factor ** (R / R_c)``, i.e. ``alpha = factor ** ((R - 2) / R_c)``. At ``R = 24``,
+    base 10^4 and ``original = 64``, ``R_c = 8``: alpha ``factor ** 2.75``; Peng et al.
+    (section 3.1) note that NTK-aware needs an alpha above the stretch in practice.
+    """
+    return factor ** ((rotary_dim - 2) / critical_dim(rotary_dim, base, original))
+
+
 def scaling_spec(
     kind: str,
     factor: float,
@@ -117,15 +149,20 @@ def scaling_spec(
     *,
     dynamic_factor: float = 2.0,
     hf_defaults: bool = False,
+    rotary: tuple[int, float] | None = None,
 ) -> dict[str, object]:
     """The Hugging Face style ``rope_scaling`` dict of ``kind`` at stretch ``factor``.
 
     Dynamic NTK ignores ``factor`` and takes ``dynamic_factor``, its own hyperparameter
     (it computes the stretch from the sequence length itself). YaRN's betas follow
-    ``original`` (``yarn_betas``) unless ``hf_defaults`` (transformers' 32 and 1).
+    ``original`` (``yarn_betas``) unless ``hf_defaults`` (transformers' 32 and 1);
+    NTK-aware's alpha follows ``original`` (``ntk_alpha``) when ``rotary`` (the model's
+    ``(rotary_dim, base)``) is given, unless ``hf_defaults`` (alpha = ``factor``).
     """
     if kind == "dynamic":
         factor = dynamic_factor
+    if kind == "ntk" and rotary is not None and not hf_defaults:
+        factor = ntk_alpha(factor, original, rotary_dim=rotary[0], base=rotary[1])
     spec: dict[str, object] = {"rope_type": kind, "factor": float(factor)}
     if kind in ("dynamic", "yarn"):
         spec["original_max_position_embeddings"] = original
@@ -149,7 +186,7 @@ def variants(name: str, config: LabConfig) -> list[Variant]:
     if is_rotary(name):
         for kind in config.scalings:
             out.append(_scaled(name, kind, config))
-            if kind == "yarn":
+            if kind in ("ntk", "yarn"):
                 out.append(_scaled(name, kind, config, hf_defaults=True))
             if kind == "dynamic" and info(name).cls is RotaryEmbedding:
                 out.append(_decoded(name, config))
@@ -174,9 +211,13 @@ def _decoded(name: str, config: LabConfig) -> Variant:
 
 
 def _scaled(name: str, kind: str, config: LabConfig, *, hf_defaults: bool = False) -> Variant:
+    rope = build_encoding(name, config)  # its rotary dim and base, where it has them
+    found = (getattr(rope, "rotary_dim", None), getattr(rope, "base", None))
+    rotary = None if None in found else found
+
     def options(factor: float) -> dict[str, object]:
         spec = scaling_spec(kind, factor, config.train_len, dynamic_factor=config.dynamic_factor,
-                            hf_defaults=hf_defaults)  # fmt: skip
+                            hf_defaults=hf_defaults, rotary=rotary)  # fmt: skip
         return {"scaling": spec}
 
     label = f"{name} +{kind}" + (" +hf" if hf_defaults else "")
