@@ -32,6 +32,7 @@ from posenc.encodings.rotary.context_scaling import (
     NTKScaling,
     YarnScaling,
 )
+from posenc.encodings.rotary.fourier import FourierRope, fope_frequencies
 from posenc.encodings.rotary.functional import (
     rerotate_keys,
     rope_cos_sin,
@@ -74,6 +75,7 @@ __all__ = [
     "DisentangledAttention",
     "DynamicNTKScaling",
     "ForgettingAttention",
+    "FourierRope",
     "FrequencyChange",
     "LearnedPositionalEncoding",
     "LinearScaling",
@@ -108,6 +110,7 @@ __all__ = [
     "disentangled_relative_index",
     "fire_bias",
     "fire_normalized_distance",
+    "fope_frequencies",
     "fox_weights",
     "kerple_bias",
     "log_bucket_position",
