@@ -239,4 +239,5 @@ def environment(*, threads: int, world: int, device: torch.device) -> dict[str, 
         "torch_threads": threads,
         "processes": world,
         "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
     }
