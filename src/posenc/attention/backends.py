@@ -32,6 +32,11 @@ runs them by query blocks (``posenc.attention.blocks.weights_block``), ``chunked
 blocks of ``block_size``, the others in one. Their backward keeps every block's weights
 (no recomputation): ``O(B * H * Tq * Tk)`` memory with gradients.
 
+Attention sinks (GPT-OSS; ``posenc.attention.sinks``): a learned logit per head in every
+row's softmax denominator, on every backend: appended to the logits (eager), or as a zero
+key whose float mask is the sink (SDPA, in each block of ``chunked``); the offset-table
+path is then not taken.
+
 Masking: a key is visible to a query iff ``k_pos <= q_pos`` (causal), the key is not
 padding, and both lie in the same segment (packed sequences). A query with no visible key
 outputs zeros (not NaN), in every backend, forward and backward.
@@ -54,7 +59,7 @@ from posenc.attention.blocks import general_block, offset_block, offset_table, w
 from posenc.attention.grad import forbid_double_backward, recompute
 from posenc.attention.masking import Masking
 from posenc.attention.memory import peak_tensor_bytes
-from posenc.base import PositionalEncoding, Site
+from posenc.base import Compose, PositionalEncoding, Site
 
 __all__ = [
     "BACKENDS",
@@ -93,6 +98,7 @@ def attend(
     dropout_p: float = 0.0,
     scale: float | None = None,
     gates: Tensor | None = None,
+    sinks: Tensor | None = None,
 ) -> Tensor:
     """Attention of ``q [B, H, Tq, D]`` over ``k, v [B, H, Tk, D]`` with ``position``'s
     SCORE and VALUE hooks (QK is applied by the caller, before caching).
@@ -110,6 +116,8 @@ def attend(
         scale: logits scale; ``1 / sqrt(D)`` when None.
         gates: ``[B, H, Tk, G]`` per-key gates of a WEIGHTS-site encoding (the queries are
             the last ``Tq`` keys); required by, and only read for, such an encoding.
+        sinks: ``[H]`` learned sink logits joining every row's softmax denominator
+            (``posenc.attention.sinks``; GPT-OSS), or None. Not with a WEIGHTS encoding.
 
     Returns:
         ``[B, H, Tq, D]`` in ``q``'s dtype. A row is non-finite only if its query, or a
@@ -117,17 +125,19 @@ def attend(
 
     Raises:
         ValueError: a VALUE encoding with ``backend="sdpa"``, an unknown backend, a
-            hook output of the wrong shape, or a WEIGHTS encoding without ``gates``.
+            hook output of the wrong shape, a WEIGHTS encoding without ``gates`` or with
+            ``sinks``, or ``sinks`` not ``[H]``.
         RuntimeError: a double backward (``create_graph=True``) through ``backend="sdpa"``
             or through attention dropout.
     """
     check_backend(backend, position)
+    _check_sinks(sinks, position, q.shape[1])
     if backend == "auto":
         backend = "chunked" if position.sites & (Site.SCORE | Site.VALUE) else "sdpa"
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     run = functools.partial(
         _attend, position=position, masking=masking, backend=backend,
-        block_size=block_size, dropout_p=dropout_p, scale=scale, gates=gates,
+        block_size=block_size, dropout_p=dropout_p, scale=scale, gates=gates, sinks=sinks,
     )  # fmt: skip
     out = run(q, k, v)
     if torch.compiler.is_compiling() or bool(out.sum().isfinite()):  # one pass over out
@@ -139,6 +149,20 @@ def attend(
     # round differently, and the rows that see no bad key must stay bit-identical
     k, v = (t.clone().masked_fill_(bad[..., None], 0.0) for t in (k, v))
     return run(q, k, v).masked_fill(_sees(masking, bad, block_size)[..., None], float("nan"))
+
+
+def _check_sinks(sinks: Tensor | None, position: PositionalEncoding, heads: int) -> None:
+    """Raise ``ValueError`` for sinks that are not ``[H]`` or beside a WEIGHTS encoding."""
+    if sinks is None:
+        return
+    if position.sites & Site.WEIGHTS:
+        raise ValueError(
+            f"{type(position).__name__} computes the attention weights itself (WEIGHTS "
+            "site); attention sinks join a softmax it does not have"
+        )
+    if not isinstance(sinks, Tensor) or tuple(sinks.shape) != (heads,):
+        got = tuple(sinks.shape) if isinstance(sinks, Tensor) else type(sinks).__name__
+        raise ValueError(f"sinks must be a tensor of shape [H={heads}], got {got}")
 
 
 def _sees(masking: Masking, bad: Tensor, block_size: int) -> Tensor:
@@ -178,6 +202,7 @@ def _attend(
     dropout_p: float,
     scale: float,
     gates: Tensor | None,
+    sinks: Tensor | None,
 ) -> Tensor:
     """``attend`` with a resolved backend, before the non-finite check."""
     sites = position.sites
@@ -193,16 +218,19 @@ def _attend(
         dropout_p=dropout_p,
         scale=scale,
         guard_empty=masking.key_padding_mask is not None,
+        sinks=sinks,
     )
     num_q, num_k = q.shape[-2], k.shape[-2]
     if backend != "chunked" or num_q == 0:
         out = kernel(q, k, v, start=0, first=0)
         return forbid_double_backward(out) if backend == "sdpa" else out
-    params = [p for p in position.parameters() if p.requires_grad]
+    params = [p for p in _kernel_parameters(position) if p.requires_grad]
+    if sinks is not None and sinks.requires_grad:
+        params.append(sinks)  # read by the kernel; here for the recomputing backward
     grad = torch.is_grad_enabled() and (
         q.requires_grad or k.requires_grad or v.requires_grad or bool(params)
     )
-    table = offset_table(position, q, k, masking) if use_sdpa else None
+    table = offset_table(position, q, k, masking) if use_sdpa and sinks is None else None
     if table is not None:  # keys in reverse order: each block's bias is a view
         k, v = k.flip(-2), v.flip(-2)
         block_size = _offset_block_size(num_q, block_size)
@@ -224,6 +252,15 @@ def _attend(
             blk = (q_blk, k[..., num_k - limit :, :], v[..., num_k - limit :, :], table.values)
         outs.append(recompute(fn, *blk, dropout=dropout_p > 0) if grad else fn(*blk))
     return torch.cat(outs, dim=-2)
+
+
+def _kernel_parameters(position: PositionalEncoding) -> list[Tensor]:
+    """The parameters the kernel reads: those of the SCORE and VALUE hooks. A QK part's
+    (FoPE's coefficients) act on ``q`` and ``k`` before attention; handing them to the
+    recomputing backward would differentiate that graph a second time."""
+    parts = position.encodings if isinstance(position, Compose) else [position]
+    kernel_sites = Site.SCORE | Site.VALUE
+    return [p for part in parts if part.sites & kernel_sites for p in part.parameters()]
 
 
 def _attend_weights(

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from posenc.attention.masking import Masking
+from posenc.attention.sinks import sink_key, sink_softmax
 from posenc.base import PositionalEncoding, Site
 from posenc.encodings._relative import consecutive_runs
 
@@ -65,10 +66,16 @@ def _masked_bias(bias: Tensor, mask: Tensor, first: int) -> Tensor:
     return out
 
 
-def _eager(q: Tensor, k: Tensor, v: Tensor, logits: Tensor, dropout_p: float) -> tuple:
-    """``(probs @ v, probs)`` from ``logits`` (scaled scores, bias and mask added)."""
+def _eager(
+    q: Tensor, k: Tensor, v: Tensor, logits: Tensor, dropout_p: float, sinks: Tensor | None = None
+) -> tuple:
+    """``(probs @ v, probs)`` from ``logits`` (scaled scores, bias and mask added), with the
+    per-head sink logits ``sinks [H]`` in the softmax's denominator if given."""
     acc = torch.promote_types(q.dtype, torch.float32)  # bf16/fp16 softmax in float32
-    probs = torch.softmax(logits, dim=-1, dtype=acc).to(q.dtype)
+    if sinks is None:
+        probs = torch.softmax(logits, dim=-1, dtype=acc).to(q.dtype)
+    else:
+        probs = sink_softmax(logits, sinks, acc).to(q.dtype)
     probs = F.dropout(probs, dropout_p) if dropout_p > 0 else probs
     return torch.matmul(probs, v), probs
 
@@ -86,13 +93,15 @@ def general_block(
     dropout_p: float,
     scale: float,
     guard_empty: bool,
+    sinks: Tensor | None = None,
     exact: bool = False,
 ) -> Tensor:
     """Attention of the query block ``q [B, H, Tb, D]`` starting at ``start`` over ``k, v``
-    (the first ``Tk`` keys); the keys before ``first`` are visible to every query.
+    (the first ``Tk`` keys); the keys before ``first`` are visible to every query. ``sinks``
+    ``[H]``: learned sink logits in every row's denominator (``posenc.attention.sinks``).
 
-    ``params`` (the encoding's parameters) are not read here: they are passed so that a
-    recomputing backward differentiates with respect to them.
+    ``params`` (the encoding's parameters, and the sinks) are not read here: they are passed
+    so that a recomputing backward differentiates with respect to them.
     """
     del params
     use_sdpa = use_sdpa and not exact
@@ -104,6 +113,7 @@ def general_block(
         check_term("score_bias", bias, (q.shape[0], q.shape[1], q.shape[2], k.shape[2]), position)
         bias = bias.to(q.dtype)
     is_causal = use_sdpa and masking.causal and masking.aligned and bias is None
+    is_causal = is_causal and sinks is None  # the sink's float mask replaces is_causal
     if is_causal and q.shape[-2] != num_keys:  # a branch, not a SymBool, under compile
         is_causal = False
     needs_mask = not is_causal and first < num_keys  # else every key is visible
@@ -119,6 +129,8 @@ def general_block(
         elif mask is not None and first:
             seen = mask.new_ones((*mask.shape[:-1], first))
             logits_mask = torch.cat((seen, mask), dim=-1)
+        if sinks is not None:
+            k, v, logits_mask = sink_key(q, k, v, logits_mask, sinks)
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=logits_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
         )
@@ -128,7 +140,7 @@ def general_block(
             logits = logits + bias
         if mask is not None:
             logits[..., first:].masked_fill_(~mask, float("-inf"))
-        out, probs = _eager(q, k, v, logits, dropout_p)
+        out, probs = _eager(q, k, v, logits, dropout_p, sinks)
         term = position.value_term(probs, q_pos, k_pos) if sites & Site.VALUE else None
         if term is not None:
             check_term("value_term", term, tuple(out.shape), position)

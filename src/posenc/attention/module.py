@@ -106,11 +106,15 @@ class MultiHeadAttention(nn.Module):
             keeps the products of the projections in bfloat16 while avoiding SDPA's
             bfloat16 CPU backward, several times slower than float32's at small head
             sizes (``posenc.lab`` trains this way). None: the projections' output dtype.
+        sinks: learn one sink logit per query head (``self.sinks [H]``, zeros at first)
+            that joins every row's softmax denominator, as GPT-OSS does (OpenAI 2025);
+            see ``posenc.attention.sinks``. Not with a WEIGHTS-site encoding.
 
     Raises:
         ValueError: ``d_model`` not divisible by ``num_heads``, ``num_heads`` not divisible
             by ``num_kv_heads``, an unknown backend, ``backend="sdpa"`` with a VALUE-site
-            encoding, or a causal-only encoding with ``causal=False``.
+            encoding, a causal-only encoding with ``causal=False``, or ``sinks`` with a
+            WEIGHTS-site encoding.
         TypeError: ``position`` neither None, a name nor a ``PositionalEncoding``, or an
             ``attention_dtype`` that is not a floating ``torch.dtype``.
     """
@@ -128,6 +132,7 @@ class MultiHeadAttention(nn.Module):
         backend: str = "auto",
         block_size: int = DEFAULT_BLOCK_SIZE,
         attention_dtype: torch.dtype | None = None,
+        sinks: bool = False,
     ) -> None:
         super().__init__()
         if attention_dtype is not None:
@@ -159,6 +164,14 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = nn.Linear(d_model, kv_width, bias=bias)
         self.v_proj = nn.Linear(d_model, kv_width, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.sinks = None
+        if check_bool("sinks", sinks):
+            if self.position.sites & Site.WEIGHTS:
+                raise ValueError(
+                    f"sinks=True with {type(self.position).__name__}, which computes the "
+                    "attention weights itself (WEIGHTS site)"
+                )
+            self.sinks = nn.Parameter(torch.zeros(num_heads))
 
     def _resolve_position(self, position: PositionalEncoding | str | None) -> PositionalEncoding:
         if position is None:
@@ -318,6 +331,7 @@ class MultiHeadAttention(nn.Module):
             block_size=self.block_size,
             dropout_p=self.dropout if self.training else 0.0,
             gates=gates,
+            sinks=self.sinks,
         )  # [B, H, T, D]
 
     def extra_repr(self) -> str:
@@ -326,4 +340,5 @@ class MultiHeadAttention(nn.Module):
             f"num_kv_heads={self.num_kv_heads}, causal={self.causal}, "
             f"backend={self.backend!r}, block_size={self.block_size}, dropout={self.dropout}"
             + ("" if self.attention_dtype is None else f", attention_dtype={self.attention_dtype}")
+            + ("" if self.sinks is None else ", sinks=True")
         )

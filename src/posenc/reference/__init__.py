@@ -44,6 +44,7 @@ from posenc.reference.rope import (
     yarn_attention_factor,
     yarn_frequencies,
 )
+from posenc.reference.sinks import sink_attention
 
 __all__ = [
     "LearnedPositionalEncoding",
@@ -71,6 +72,7 @@ __all__ = [
     "sandwich_bias",
     "shaw_attention",
     "shaw_logits",
+    "sink_attention",
     "sinusoidal_frequencies",
     "sinusoidal_positional_encoding",
     "sinusoidal_positional_encoding_at",
