@@ -45,6 +45,7 @@ from posenc.encodings import (
     xpos_scale,
 )
 from posenc.hf import parse_hf_rope_config
+from posenc.reference import fourier_rope
 
 T = 5
 _g = torch.Generator().manual_seed(0)
@@ -380,6 +381,14 @@ def test_negative_positions(name):
     if name == "temperature":
         with pytest.raises(ValueError, match=f"-{shift}"):
             enc.rotate(q, k, pos - shift, pos - shift)
+        return
+    if name == "fope":  # its series are defined at p < 0, but scores depend on more than p - q
+        got, _ = enc.rotate(q, k, pos - shift, pos - shift)
+        coefs = [c.detach().double().numpy() for c in (enc.cos_coef, enc.sin_coef)]
+        at = ((pos - shift).numpy(), enc.inv_freq.numpy(), *coefs)
+        want = np.stack([fourier_rope.fope_transform(row.double().numpy(), *at) for row in q])
+        tol = tolerances(torch.float32, ops=16 * shift)  # float32 angles up to `shift` rad
+        torch.testing.assert_close(got.double(), torch.from_numpy(want), **tol)
         return
     tol = tolerances(torch.float32, ops=64)
     got = apply_hooks(enc, x, q, k, pos - shift, pos - shift)

@@ -48,7 +48,7 @@ def _reference(enc, x, positions):
 @pytest.mark.parametrize("coef_heads", [1, 2])
 def test_fope_matches_the_reference(dtype, interleaved, coef_heads):
     torch.manual_seed(0)
-    enc = FourierRope(D, coef_heads, max_len=24, sigma=0.5, interleaved=interleaved)
+    enc = FourierRope(D, coef_heads=coef_heads, max_len=24, sigma=0.5, interleaved=interleaved)
     q, k = _qk(dtype)
     positions = torch.tensor([[0, 3, 5, 9, 30, 31], [2, 4, 6, 8, 10, 12]])
     got_q, got_k = enc.rotate(q, k, positions, positions)
@@ -72,7 +72,7 @@ def test_the_floor_keeps_the_pairs_that_turn_within_the_training_length():
 
 def test_clipped_pairs_pass_unchanged():
     torch.manual_seed(0)
-    enc = FourierRope(D, 2, max_len=16)
+    enc = FourierRope(D, coef_heads=2, max_len=16)
     q, k = _qk()
     kept = enc.inv_freq.numel()
     out_q, _ = enc(q, k)
@@ -85,7 +85,7 @@ def test_clipped_pairs_pass_unchanged():
 @given(seed=st.integers(0, 2**16), interleaved=st.booleans())
 def test_identity_coefficients_without_clipping_are_rope(seed, interleaved):
     torch.manual_seed(seed)
-    enc = FourierRope(D, 2, sigma=0.0, interleaved=interleaved)
+    enc = FourierRope(D, coef_heads=2, sigma=0.0, interleaved=interleaved)
     rope = RotaryEmbedding(D, interleaved=interleaved)
     q, k = _qk(seed=seed)
     positions = torch.randint(0, 500, (T,))
@@ -96,7 +96,7 @@ def test_identity_coefficients_without_clipping_are_rope(seed, interleaved):
 
 def test_gradients_reach_the_coefficients():
     torch.manual_seed(0)
-    enc = FourierRope(D, 2, max_len=32)
+    enc = FourierRope(D, coef_heads=2, max_len=32)
     q, k = _qk(torch.float32)
     q.requires_grad_(True)
     out_q, out_k = enc(q, k)
@@ -115,7 +115,7 @@ def test_gradients_reach_the_coefficients():
 
 def test_decoding_with_a_kv_cache_equals_the_full_forward():
     torch.manual_seed(0)
-    enc = FourierRope(8, 1, max_len=12)
+    enc = FourierRope(8, max_len=12)
     mha = MultiHeadAttention(16, 2, position=enc, num_kv_heads=1).double().eval()
     x = torch.randn(B, 9, 16, dtype=torch.float64)
     with torch.no_grad():
@@ -128,13 +128,15 @@ def test_decoding_with_a_kv_cache_equals_the_full_forward():
 
 
 def test_the_registry_builds_it_for_a_model_shape():
-    enc = posenc.build("fope", d_model=64, num_heads=4, head_dim=16, max_len=32, causal=True)
+    enc = posenc.build(
+        "fope", d_model=64, num_heads=4, head_dim=16, max_len=32, causal=True, coef_heads=4
+    )
     assert isinstance(enc, FourierRope) and enc.cos_coef.shape[0] == 4
     assert enc.inv_freq.numel() == fope_frequencies(16, max_len=32).numel()
 
 
 def test_to_bfloat16_keeps_the_frequencies():
-    enc = FourierRope(D, 1, max_len=64).to(torch.bfloat16)
+    enc = FourierRope(D, coef_heads=1, max_len=64).to(torch.bfloat16)
     assert enc.inv_freq.dtype == torch.float64
 
 
@@ -142,7 +144,7 @@ def test_to_bfloat16_keeps_the_frequencies():
     ("kwargs", "match"),
     [
         ({"head_dim": 15}, "head_dim"),
-        ({"head_dim": 16, "num_heads": 0}, "num_heads"),
+        ({"head_dim": 16, "coef_heads": 0}, "coef_heads"),
         ({"head_dim": 16, "sigma": -1.0}, "sigma"),
         ({"head_dim": 16, "num_inv_freq": 9}, "num_inv_freq"),
         ({"head_dim": 16, "max_len": 1}, "max_len=1"),
@@ -154,10 +156,10 @@ def test_bad_arguments_raise(kwargs, match):
 
 
 def test_bad_heads_and_positions_raise():
-    enc = FourierRope(D, 3)
+    enc = FourierRope(D, coef_heads=3)
     q, k = _qk()
     with pytest.raises(ValueError, match="multiple"):
         enc(q, k)
-    enc = FourierRope(D, 2)
+    enc = FourierRope(D, coef_heads=2)
     with pytest.raises(ValueError, match="q_pos"):
         enc.rotate(q, k, torch.arange(T + 1), torch.arange(T))

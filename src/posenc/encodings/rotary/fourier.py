@@ -95,9 +95,10 @@ class FourierRope(PositionalEncoding):
 
     Args:
         head_dim: ``D``, even; the whole head is transformed.
-        num_heads: ``Hc``, heads with their own coefficients (Intern-S1-Pro: its key/value
-            heads); 1 shares one set. Query and key heads must be multiples of it (head
-            ``h`` uses set ``h // (heads / Hc)``).
+        coef_heads: ``Hc``, coefficient sets: 1 (the default) shares one set among all
+            heads; the key/value heads give each its own (Intern-S1-Pro's
+            ``fope_sep_head``), a query head using the set of its group. Query and key
+            heads must be multiples of it (head ``h`` uses set ``h // (heads / Hc)``).
         base: the RoPE base.
         max_len: the training length ``L``; pairs with ``theta_i <= 2 pi / L`` are clipped.
             None: none clipped.
@@ -119,8 +120,8 @@ class FourierRope(PositionalEncoding):
     def __init__(
         self,
         head_dim: int,
-        num_heads: int = 1,
         *,
+        coef_heads: int = 1,
         base: float = DEFAULT_BASE,
         max_len: int | None = None,
         num_inv_freq: int | None = None,
@@ -129,16 +130,16 @@ class FourierRope(PositionalEncoding):
     ) -> None:
         super().__init__()
         self.head_dim = check_even("head_dim", head_dim)
-        self.num_heads = check_int("num_heads", num_heads)
+        self.coef_heads = check_int("coef_heads", coef_heads)
         self.sigma = check_float("sigma", sigma, minimum=0.0)
         self.interleaved = check_bool("interleaved", interleaved)
         self.base = check_float("base", base, positive=True)
         inv_freq = fope_frequencies(head_dim, base=base, max_len=max_len, num_inv_freq=num_inv_freq)
         self.inv_freq = inv_freq  # float64 [F], a plain tensor: no .to(dtype) rounds it
         kept = inv_freq.numel()
-        eye = torch.eye(kept).expand(self.num_heads, kept, kept)
-        self.cos_coef = nn.Parameter(eye + self.sigma * torch.randn(self.num_heads, kept, kept))
-        self.sin_coef = nn.Parameter(eye + self.sigma * torch.randn(self.num_heads, kept, kept))
+        eye = torch.eye(kept).expand(self.coef_heads, kept, kept)
+        self.cos_coef = nn.Parameter(eye + self.sigma * torch.randn(self.coef_heads, kept, kept))
+        self.sin_coef = nn.Parameter(eye + self.sigma * torch.randn(self.coef_heads, kept, kept))
 
     def cos_sin(self, positions: Tensor, *, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """``(cos', sin')`` ``[Hc, T, P]`` or ``[B, Hc, T, P]`` at ``positions`` ``[T]`` /
@@ -166,18 +167,19 @@ class FourierRope(PositionalEncoding):
                 f"{name} must be [T] or [B, T] with T = {length}, B = {batch}, got shape "
                 f"{tuple(positions.shape)}"
             )
-        if heads % self.num_heads:
+        if heads % self.coef_heads:
             raise ValueError(
-                f"FoPE has coefficients for {self.num_heads} heads; {name[0]} has {heads} "
+                f"FoPE has coefficients for {self.coef_heads} heads; {name[0]} has {heads} "
                 "heads, which is not a multiple of it"
             )
-        cos, sin = self.cos_sin(positions, dtype=x.dtype)
-        head_axis = cos.dim() - 3
-        cos = cos.repeat_interleave(heads // self.num_heads, dim=head_axis)
-        sin = sin.repeat_interleave(heads // self.num_heads, dim=head_axis)
-        cos = cos.expand(batch, heads, length, -1).reshape(batch * heads, length, -1)
-        sin = sin.expand(batch, heads, length, -1).reshape(batch * heads, length, -1)
-        flat = x.reshape(batch * heads, 1, length, self.head_dim)
+        cos, sin = self.cos_sin(positions, dtype=x.dtype)  # [(B,) Hc, T, P]
+        group, rows, pairs = heads // self.coef_heads, batch * heads, self.head_dim // 2
+        cos, sin = (
+            c.repeat_interleave(group, dim=-3).expand(batch, heads, length, pairs)
+            for c in (cos, sin)
+        )
+        cos, sin = cos.reshape(rows, length, pairs), sin.reshape(rows, length, pairs)
+        flat = x.reshape(rows, 1, length, self.head_dim)  # one "batch" row per head
         out = apply_rope(flat, cos, sin, interleaved=self.interleaved)
         return out.reshape(x.shape)
 
@@ -186,14 +188,14 @@ class FourierRope(PositionalEncoding):
 
         Raises:
             ValueError: head_dim or batch mismatch; positions not ``[T]`` / ``[B, T]``;
-                heads not a multiple of ``num_heads``.
+                heads not a multiple of ``coef_heads``.
         """
         check_qk(q, k, self.head_dim)
         return self._transform(q, q_pos, "q_pos"), self._transform(k, k_pos, "k_pos")
 
     def extra_repr(self) -> str:
         return (
-            f"head_dim={self.head_dim}, num_heads={self.num_heads}, "
+            f"head_dim={self.head_dim}, coef_heads={self.coef_heads}, "
             f"kept_pairs={self.inv_freq.numel()}, sigma={self.sigma}, "
             f"interleaved={self.interleaved}"
         )
