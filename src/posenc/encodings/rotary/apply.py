@@ -31,7 +31,8 @@ Under ``torch.compile`` and ``torch.export`` a CPU rotation is the custom op
 elsewhere the plain expression is traced (the compiler fuses it into one kernel). The
 plain expression also serves learned angles (``cos``/``sin`` that require grad),
 forward-mode AD and ``torch.func`` transforms (``vmap``, ``jvp``, ``grad``), which see
-its tensors, not raw memory.
+its tensors, not raw memory, compiled or not (the op has no forward-mode formula and
+``torch.func.grad`` cannot enter it).
 
 What the kernels cannot see is resolved or refused before they touch memory: a lazy
 negation bit or an efficient zero tensor is resolved; sparse and other non-strided
@@ -132,8 +133,12 @@ def _transformed(*tensors: Tensor) -> bool:
 def _route(x: Tensor, cos: Tensor, sin: Tensor) -> str:
     """``"plain"`` expression, the custom ``"op"`` (compiled graphs on CPU), or ``"eager"``."""
     if torch.compiler.is_compiling():
+        # the op has no forward-mode formula and torch.func.grad cannot enter it (both
+        # checks are readable while compiling, unlike the tensors' wrappers)
+        functorch = torch._C._are_functorch_transforms_active()
+        transformed = functorch or forward_ad._current_level >= 0
         cpu = x.device.type == "cpu"
-        return "op" if cpu and not _needs_grad(cos, sin) else "plain"
+        return "op" if cpu and not (transformed or _needs_grad(cos, sin)) else "plain"
     if _needs_grad(cos, sin) or _transformed(x, cos, sin):
         return "plain"
     return "eager"

@@ -15,8 +15,12 @@ and on the tables.
 custom op: an opaque node for ``torch.compile(fullgraph=True)`` and ``torch.export``,
 with a fake implementation (shapes and strides of ``torch.empty_like(x)``) and its
 autograd formula (the rotation by ``-theta``, itself this op, so differentiable any
-number of times; differentiable in ``x`` only). It exists with or without a compiler;
-its implementation is ``rotate_into``.
+number of times; differentiable in ``x`` only) and a vmap rule (``torch.func.vmap`` folds
+the vmapped dimension into ``B``: one call, each row rotated as it would be alone). It
+exists with or without a compiler; its implementation is ``rotate_into``. torch.library
+has no forward-mode formula for custom ops, so the op refuses to run while a forward-AD
+level is open (``torch.func.jvp``, ``forward_ad.dual_level``) rather than drop the
+tangent; ``apply_rope`` routes those, and ``torch.func.grad``, to the plain expression.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import torch.autograd.forward_ad as forward_ad
 from torch import Tensor
 
 from posenc.encodings.rotary import cpu_kernel
@@ -121,6 +126,11 @@ def rotation_function(
 @torch.library.custom_op("posenc::rope", mutates_args=())
 def rope(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, inverse: bool) -> Tensor:
     """``x [B, H, T, D]`` rotated by ``cos``/``sin`` (by ``-theta`` when ``inverse``)."""
+    if forward_ad._current_level >= 0:  # the tangent would be dropped: refuse instead
+        raise RuntimeError(
+            "posenc::rope has no forward-mode AD formula; call posenc.apply_rope, "
+            "which rotates dual tensors with differentiable PyTorch operations"
+        )
     out = torch.empty_like(x)
     rotate_into(out, x, cos, sin, interleaved=interleaved, inverse=inverse)
     return out
@@ -143,3 +153,30 @@ def _backward(ctx, grad: Tensor):
 
 
 rope.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _batch_first(t: Tensor, dim: int | None) -> Tensor:
+    """``t`` with its vmapped dimension first (a new size-1 one when it has none)."""
+    return t.unsqueeze(0) if dim is None else t.movedim(dim, 0)
+
+
+@rope.register_vmap
+def _rope_vmap(info, in_dims, x, cos, sin, interleaved, inverse):
+    """``rope`` over ``N`` stacked inputs in one call: ``x [N, B, H, T, D]`` becomes
+    ``[N*B, H, T, D]`` and the tables ``[N*B | 1, T, R/2]``."""
+    n = info.batch_size
+    x = _batch_first(x, in_dims[0])
+    x = x.expand(n, *x.shape[1:])  # [N, B, H, T, D]
+    batch = x.shape[1]
+    cos, sin = _batch_first(cos, in_dims[1]), _batch_first(sin, in_dims[2])
+    if cos.dim() == 3:  # [N|1, T, R/2] -> [N|1, 1, T, R/2]
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    cos, sin = torch.broadcast_tensors(cos, sin)  # [N|1, B|1, T, R/2]
+    if cos.shape[:2] == (1, 1):  # one table for every row
+        cos, sin = cos[0], sin[0]
+    else:
+        shape = (n * batch, *cos.shape[2:])
+        cos = cos.expand(n, batch, *cos.shape[2:]).reshape(shape)
+        sin = sin.expand(n, batch, *sin.shape[2:]).reshape(shape)
+    out = rope(x.reshape(n * batch, *x.shape[2:]), cos, sin, interleaved, inverse)
+    return out.reshape(x.shape), 0
