@@ -42,6 +42,7 @@ from posenc.encodings.rotary.functional import (
 from posenc.encodings.rotary.mla import MLARope
 from posenc.encodings.rotary.module import FrequencyChange, RotaryEmbedding
 from posenc.encodings.rotary.mrope import MRoPE, mrope_decode_positions, mrope_position_ids
+from posenc.encodings.rotary.p_rope import PRoPE
 from posenc.encodings.rotary.proportional import ProportionalScaling
 from posenc.encodings.rotary.scaling import (
     DefaultRope,
@@ -85,6 +86,7 @@ __all__ = [
     "MRoPE",
     "NTKScaling",
     "NoPE",
+    "PRoPE",
     "PaTH",
     "PositionTemperature",
     "ProportionalScaling",

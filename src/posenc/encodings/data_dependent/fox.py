@@ -35,7 +35,11 @@ from posenc._dtypes import compute_dtype
 from posenc.base import PositionalEncoding, Site, register
 from posenc.encodings.data_dependent._common import check_gates, check_input, visible_keys
 
-__all__ = ["ForgettingAttention", "fox_weights"]
+__all__ = ["GATE_STD", "ForgettingAttention", "fox_weights"]
+
+#: Standard deviation of the gate weights at initialisation (the paper's code:
+#: ``initializer_range`` 0.02 for every linear layer, biases zero).
+GATE_STD = 0.02
 
 
 def fox_weights(
@@ -92,8 +96,10 @@ class ForgettingAttention(PositionalEncoding):
         causal: must be True.
 
     Attributes:
-        gate: ``nn.Linear(d_model, num_heads)``, ``w`` and ``b`` of every head (PyTorch's
-            default initialisation, as in the paper's code).
+        gate: ``nn.Linear(d_model, num_heads)``, ``w`` and ``b`` of every head, initialised
+            as the paper's code does for its data-dependent gate (``fgate_type="full"``,
+            no special bias initialisation): ``w ~ N(0, GATE_STD^2)``, ``b = 0``, so every
+            gate starts near ``sigmoid(0) = 1/2``.
 
     Raises:
         ValueError: ``d_model`` or ``num_heads`` < 1, or ``causal=False``.
@@ -109,6 +115,8 @@ class ForgettingAttention(PositionalEncoding):
         self.d_model = check_int("d_model", d_model)
         self.num_heads = check_int("num_heads", num_heads)
         self.gate = nn.Linear(self.d_model, self.num_heads)
+        nn.init.normal_(self.gate.weight, mean=0.0, std=GATE_STD)
+        nn.init.zeros_(self.gate.bias)
 
     def log_forget(self, x: Tensor) -> Tensor:
         """``log f_t = logsigmoid(w . x_t + b)``, ``[B, H, T]`` in float32 (float64 for

@@ -36,7 +36,7 @@ class ProportionalScaling(RopeScaling):
     """Gemma 4's ``rope_type: "proportional"`` parameters.
 
     Attributes:
-        partial_rotary_factor: the kept fraction ``p`` in (0, 1].
+        partial_rotary_factor: the kept fraction ``p`` in [0, 1] (0: no pair rotates, NoPE).
         factor: divides every frequency (1: none).
     """
 
@@ -47,11 +47,11 @@ class ProportionalScaling(RopeScaling):
 
     def __post_init__(self) -> None:
         fraction = check_float(
-            "proportional partial_rotary_factor", self.partial_rotary_factor, positive=True
+            "proportional partial_rotary_factor", self.partial_rotary_factor, minimum=0.0
         )
         if fraction > 1.0:
             raise ValueError(
-                f"proportional partial_rotary_factor must be in (0, 1], got {fraction}"
+                f"proportional partial_rotary_factor must be in [0, 1], got {fraction}"
             )
         object.__setattr__(self, "partial_rotary_factor", fraction)
         factor = check_float("proportional factor", self.factor, positive=True)
