@@ -73,7 +73,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "compared by a paired permutation test (Holm-corrected), after checking the "
         "held-out text's overlap with the training text.",
     )
-    p.add_argument("--config", metavar="FILE", help="read options from a sweep file (TOML)")
+    p.add_argument(
+        "--config", metavar="FILE",
+        help="read options from a sweep file (TOML) or a shipped sweep by name (positions)",
+    )  # fmt: skip
     p.add_argument(
         "--encodings",
         nargs="+",

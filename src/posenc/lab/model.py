@@ -5,14 +5,18 @@ GPT-2 (Radford et al. 2019): ``x + Attn(LN(x))`` then ``x + MLP(LN(x))``, a fina
 LayerNorm and an untied output projection. One encoding instance serves every layer:
 its INPUT hook is applied here to the token embeddings, its QK / SCORE / VALUE hooks by
 ``posenc.MultiHeadAttention`` in each block, so the lab measures the library's own
-attention. Token embeddings keep PyTorch's N(0, 1) initialisation, the scale of a
-sinusoidal table, so neither drowns the other at the start.
+attention. The exception are the data-dependent encodings with parameters (the
+``WEIGHTS`` site: FoX's forget gates, PaTH's Householder projections), which their papers
+give each layer on its own, as a function of that layer's input: each block gets its own
+instance (``per_layer``). Token embeddings keep PyTorch's N(0, 1) initialisation, the
+scale of a sinusoidal table, so neither drowns the other at the start.
 
 ``seeded_model`` makes "same seed, same initialisation" exact: the encoding's own
 parameters (a learned table, T5's bucket biases, ...) are drawn from their own stream
-(seed ``ENCODING_STREAM + seed``), and then every shared parameter (embeddings, blocks,
-head) from ``seed``, so two models that differ only in their encoding start with the
-same shared weights. A learned position table starts as GPT-2's does: N(0, 0.02^2)
+(seed ``ENCODING_STREAM + seed``; one instance per layer after the other where
+``per_layer``), and then every shared parameter (embeddings, blocks, head) from
+``seed``, so two models that differ only in their encoding start with the same shared
+weights. A learned position table starts as GPT-2's does: N(0, 0.02^2)
 (transformers' ``GPT2PreTrainedModel._init_weights``, ``initializer_range`` 0.02;
 OpenAI's original TensorFlow code draws ``wpe`` at std 0.01 beside ``wte`` at 0.02).
 
@@ -33,7 +37,8 @@ bits.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import copy
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -43,7 +48,14 @@ from posenc.attention import MultiHeadAttention
 from posenc.base import PositionalEncoding, Site
 from posenc.encodings.learned import LearnedPositionalEncoding
 
-__all__ = ["ENCODING_STREAM", "LEARNED_STD", "TinyLM", "attention_backend", "seeded_model"]
+__all__ = [
+    "ENCODING_STREAM",
+    "LEARNED_STD",
+    "TinyLM",
+    "attention_backend",
+    "per_layer",
+    "seeded_model",
+]
 
 #: The encoding's parameters are drawn with seed ``ENCODING_STREAM + seed``.
 ENCODING_STREAM = 1 << 32
@@ -60,6 +72,12 @@ def attention_backend(encoding: PositionalEncoding, *, grad: bool) -> str:
     if encoding.sites & Site.VALUE:
         return "auto"
     return "sdpa" if grad else "chunked"
+
+
+def per_layer(encoding: PositionalEncoding) -> bool:
+    """Whether each block gets its own instance of ``encoding``: a ``WEIGHTS``-site
+    encoding with parameters (its gates are a layer's own projections of its input)."""
+    return bool(encoding.sites & Site.WEIGHTS) and any(True for _ in encoding.parameters())
 
 
 class _Block(nn.Module):
@@ -86,6 +104,9 @@ class TinyLM(nn.Module):
         d_model: ``C``.
         num_layers: number of blocks.
         num_heads: attention heads (``C`` divisible by it).
+        layer_encodings: where ``per_layer(encoding)``, the instances of blocks 1, 2, ...
+            (block 0 uses ``encoding``); None: copies of ``encoding`` (whose weights a
+            ``load_state_dict`` then replaces).
     """
 
     def __init__(
@@ -96,6 +117,7 @@ class TinyLM(nn.Module):
         d_model: int,
         num_layers: int,
         num_heads: int,
+        layer_encodings: Sequence[PositionalEncoding] | None = None,
     ) -> None:
         super().__init__()
         self.shape = {
@@ -106,7 +128,15 @@ class TinyLM(nn.Module):
         }
         self.embedding = nn.Embedding(vocab_size, d_model)  # N(0, 1)
         self.encoding = encoding
-        self.blocks = nn.ModuleList(_Block(d_model, num_heads, encoding) for _ in range(num_layers))
+        if not per_layer(encoding):
+            layers = [encoding] * num_layers
+        elif layer_encodings is None:
+            layers = [encoding, *(copy.deepcopy(encoding) for _ in range(num_layers - 1))]
+        else:
+            layers = [encoding, *layer_encodings]
+        if len(layers) != num_layers:
+            raise ValueError(f"{num_layers} layers but {len(layers)} layer encodings")
+        self.blocks = nn.ModuleList(_Block(d_model, num_heads, enc) for enc in layers)
         self.ln_out = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab_size, bias=False)
 
@@ -151,5 +181,7 @@ def seeded_model(
     encoding = make_encoding()
     if isinstance(encoding, LearnedPositionalEncoding):
         nn.init.normal_(encoding.weight, mean=0.0, std=LEARNED_STD)
+    more = range(shape["num_layers"] - 1) if per_layer(encoding) else range(0)
+    layers = [make_encoding() for _ in more] or None
     torch.manual_seed(seed)
-    return TinyLM(encoding, **shape)
+    return TinyLM(encoding, layer_encodings=layers, **shape)

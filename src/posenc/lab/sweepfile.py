@@ -21,6 +21,10 @@ level for one sub-sweep written to ``<out>/<name>``::
 Options given on the command line win over the file. The file is saved as
 ``sweep.toml`` beside the results, so ``posenc lab --config <out>/sweep.toml --out <new>``
 repeats the sweep (bit for bit on the same machine, with the same thread count).
+
+posenc ships sweeps of its own in ``posenc/lab/sweeps/``, named by their file stem:
+``posenc lab --config positions`` reads ``positions.toml`` there unless a file of that
+name exists in the working folder (``shipped_sweeps`` lists them).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-__all__ = ["OPTIONS", "Setting", "load_sweep"]
+__all__ = ["OPTIONS", "SHIPPED", "Setting", "load_sweep", "resolve_sweep", "shipped_sweeps"]
 
 #: Sweep-file key -> (argparse destination, expected type). Lists are of that type.
 OPTIONS: dict[str, tuple[str, type | tuple[type, ...]]] = {
@@ -73,6 +77,8 @@ OPTIONS: dict[str, tuple[str, type | tuple[type, ...]]] = {
     "no_progress": ("no_progress", bool),
 }
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+#: The folder of the sweeps shipped with posenc.
+SHIPPED = Path(__file__).with_name("sweeps")
 
 Setting = tuple[str | None, dict[str, object]]
 
@@ -92,20 +98,44 @@ def _options(table: dict, where: str) -> dict[str, object]:
     return out
 
 
+def shipped_sweeps() -> list[str]:
+    """Names of the sweeps shipped with posenc (``posenc lab --config NAME``), sorted."""
+    return sorted(p.stem for p in SHIPPED.glob("*.toml"))
+
+
+def resolve_sweep(path: str | Path) -> Path:
+    """``path`` itself when it exists, else the shipped sweep of that name.
+
+    Raises:
+        FileNotFoundError: neither (the message lists the shipped sweeps).
+    """
+    path = Path(path)
+    if path.exists() or path.is_symlink():
+        return path
+    named = _NAME.fullmatch(str(path)) and path.suffix in ("", ".toml")
+    if named and path.stem in shipped_sweeps():
+        return SHIPPED / f"{path.stem}.toml"
+    raise FileNotFoundError(
+        f"no sweep file {str(path)!r} and no shipped sweep of that name "
+        f"(shipped: {', '.join(shipped_sweeps())})"
+    )
+
+
 def load_sweep(path: str | Path) -> tuple[str, list[Setting]]:
     """Read a sweep file: its text and one ``(name, options)`` per setting (a single
     ``(None, options)`` without ``[[settings]]``), options keyed by argparse destination.
 
-    The file is UTF-8, with or without a byte-order mark.
+    The file is UTF-8, with or without a byte-order mark; ``path`` may also name a
+    shipped sweep (``resolve_sweep``).
 
     Raises:
-        FileNotFoundError: no such file.
+        FileNotFoundError: no such file and no such shipped sweep.
         ValueError: not a regular file (a FIFO or a device is never opened), not UTF-8,
             not TOML or nested too deeply, an unknown option, a value of the wrong type,
             or settings without a unique file-name-safe ``name`` (the message names the
             file).
     """
-    path = Path(path)
+    path = resolve_sweep(path)
     if not stat.S_ISREG(path.stat().st_mode):
         raise ValueError(f"sweep file {str(path)!r} is not a regular file")
     try:
