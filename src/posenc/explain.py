@@ -24,6 +24,7 @@ from posenc import analysis
 from posenc._checks import check_int
 from posenc.base import PositionalEncoding, Site, info
 from posenc.viz._common import build_encoding, line_positions
+from posenc.viz.distance import distance_profile, has_distance_figure
 
 __all__ = ["explain", "word_vectors"]
 
@@ -104,8 +105,10 @@ def explain(
             "It computes the attention weights itself (the weights site): from the queries,\n"
             "the keys and per-token gates that the layer computes from its input and the KV\n"
             "cache keeps; no softmax over q.k plus a bias. What it does over distance\n"
-            "depends on the content, so there is no fixed pattern to show.\n",
+            "depends on the content: below for random inputs and for typical constant values.\n",
         )
+    if has_distance_figure(name):
+        _distance_tour(out, name, dim, length, num_heads)
     if not entry.sites:
         _no_position_tour(out, dim)
 
@@ -245,13 +248,17 @@ def _rotated_scores(
 
 def _rotary_tour(out: Console, enc: PositionalEncoding, dim: int, length: int) -> None:
     inv_freq = getattr(enc, "inv_freq", None)
-    if isinstance(inv_freq, torch.Tensor):
+    if isinstance(inv_freq, torch.Tensor) and bool((inv_freq > 0).any()):
         freqs = inv_freq.double().cpu().numpy()
+        moving = freqs[freqs > 0]
+        flat = freqs.size - moving.size
         _say(
             out,
-            f"{freqs.size} rotated pairs; angle per position theta_i from "
-            f"{freqs.max():.4g} to {freqs.min():.4g} rad, wavelengths "
-            f"{2 * np.pi / freqs.max():.4g} .. {2 * np.pi / freqs.min():.4g} positions\n",
+            f"{moving.size} rotated pairs; angle per position theta_i from "
+            f"{moving.max():.4g} to {moving.min():.4g} rad, wavelengths "
+            f"{2 * np.pi / moving.max():.4g} .. {2 * np.pi / moving.min():.4g} positions"
+            + (f"; {flat} pairs at frequency 0 (position-free)" if flat else "")
+            + "\n",
         )
     if enc.position_shape == "[N, A]":
         _say(out, "Positions m, n below are image patches along one row: (0, m), (0, n).\n")
@@ -340,6 +347,22 @@ def _bias_tour(
     title = f"Last query ({last}): bias at distance d, and the attention the bias alone gives"
     _titled(out, title, table)
     _say(out, f"Without a bias every visible key gets {1 / probs.shape[-1]:.1%}.\n")
+
+
+def _distance_tour(out: Console, name: str, dim: int, length: int, num_heads: int) -> None:
+    """The numbers of ``posenc show NAME``'s figure (``posenc.viz.distance``)."""
+    prof = distance_profile(name, length=length, num_heads=num_heads, head_dim=dim)
+    dists = [d for d in (0, 1, 2, 4, 8, 16, 32, 64, 128, 256) if d < length]
+    for what, curves, spec in (
+        (prof.score_label, prof.scores, ".3f"),
+        ("attention of the last query, one token everywhere", prof.weights, ".2e"),
+    ):
+        table = _table(["", *(f"d={d}" for d in dists)])
+        for label, row in curves.items():
+            cells = ("·" if np.isnan(row[d]) else _num(row[d], spec) for d in dists)
+            table.add_row(label, *cells)
+        _titled(out, f"{prof.title}: {what}, at distance d", table)
+    _say(out, f"`posenc show {name}` draws these curves over every distance.\n")
 
 
 def _no_position_tour(out: Console, dim: int) -> None:

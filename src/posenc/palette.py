@@ -43,6 +43,10 @@ ENCODING_STYLES: dict[str, tuple[str, str]] = {
     "sandwich": ("#9467bd", "d"),
     "fire": ("#393b79", "*"),
     "cope": ("#637939", "X"),
+    "p_rope": ("#08519c", "D"),
+    "fox": ("#a63603", "P"),
+    "stick_breaking": ("#6a3d9a", "h"),
+    "path": ("#8e0152", "p"),
 }
 #: ``modifier: (colour, marker)`` of the rows derived from a trained model.
 VARIANT_STYLES: dict[str, tuple[str, str]] = {

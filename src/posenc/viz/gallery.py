@@ -2,8 +2,9 @@
 
 Shapes: ``L`` positions, ``C`` d_model, ``H`` heads, ``D`` head_dim. ``make_figure(what)``
 draws one figure, by gallery name (``"rope-spectrum"``) or by encoding name (an input
-encoding gets its 2x2 panel, a score encoding its bias per head, any other its
-attention maps per head); ``write_gallery(folder)`` writes them all, with the file
+encoding gets its 2x2 panel, a score encoding its bias per head, the positions of
+2024-26 their effect over distance (``posenc.viz.distance``), any other its attention
+maps per head); ``write_gallery(folder)`` writes them all, with the file
 names ``docs/gallery.md`` links to.
 """
 
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from posenc._checks import check_int
 from posenc.base import Site, available, info
-from posenc.viz import absolute, biases, diagrams, rotary
+from posenc.viz import absolute, biases, diagrams, distance, rotary
 from posenc.viz._common import save_figure
 
 if TYPE_CHECKING:
@@ -130,6 +131,9 @@ def figure_options(what: str) -> frozenset[str]:
     """
     if what in GALLERY:
         return GALLERY[what].options
+    if distance.has_distance_figure(what):
+        gated = what in ("fox", "path")  # one curve per head of an untrained module
+        return frozenset({"heads", "length"} if gated else {"length"})
     sites = info(what).sites
     if sites & Site.INPUT:
         return frozenset({"dim", "length", "table"})
@@ -150,6 +154,8 @@ def make_figure(what: str, options: FigureOptions | None = None) -> Figure:
             f"unknown figure or encoding {what!r}; figures: {', '.join(GALLERY)}; "
             f"encodings: {', '.join(available())}"
         )
+    if distance.has_distance_figure(what):
+        return distance.distance_figure(what, **options.kw(num_heads="heads", length="length"))
     sites = info(what).sites
     if sites & Site.INPUT:
         return _panel(options.table or what, options)
