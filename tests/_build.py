@@ -29,7 +29,7 @@ SCALINGS = {
 
 #: Constructor keywords beyond the model shape, so that every encoding acts within the
 #: tests' few positions: the query temperature steps every 4 positions, not 8192.
-SHORT = {"temperature": {"length": 4}}
+SHORT = {"temperature": {"length": 4}, "dual_chunk": {"chunk_size": 6, "local_size": 2}}
 
 
 def build_encoding(name: str, *, seed: int = 0, max_len: int = 16) -> PositionalEncoding:

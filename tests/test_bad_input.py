@@ -382,6 +382,14 @@ def test_negative_positions(name):
         with pytest.raises(ValueError, match=f"-{shift}"):
             enc.rotate(q, k, pos - shift, pos - shift)
         return
+    if name == "liere":  # defined at p < 0, but its generators need not commute: not relative
+        at = attention_positions(enc, pos - shift, T)
+        got, _ = enc.rotate(q, k, at, at)
+        gens = enc.generators().detach().double().numpy()
+        want = [[reference.lie_rotate(x.double().numpy(), gens, at.numpy()) for x in r] for r in q]
+        tol = tolerances(torch.float32, ops=64)
+        torch.testing.assert_close(got.double(), torch.from_numpy(np.array(want)), **tol)
+        return
     if name == "fope":  # its series are defined at p < 0, but scores depend on more than p - q
         got, _ = enc.rotate(q, k, pos - shift, pos - shift)
         coefs = [c.detach().double().numpy() for c in (enc.cos_coef, enc.sin_coef)]

@@ -19,6 +19,7 @@ from posenc.encodings.disentangled import (
     disentangled_relative_index,
     log_bucket_position,
 )
+from posenc.encodings.dual_chunk import DualChunkAttention, dual_chunk_indices
 from posenc.encodings.fire import FIRE, fire_bias, fire_normalized_distance
 from posenc.encodings.kerple import KERPLE, KERPLE_KERNELS, kerple_bias
 from posenc.encodings.learned import LearnedPositionalEncoding
@@ -39,6 +40,7 @@ from posenc.encodings.rotary.functional import (
     rope_weight_to_half_split,
     rope_weight_to_interleaved,
 )
+from posenc.encodings.rotary.lie import ComRoPE, LieRE, lie_rotation
 from posenc.encodings.rotary.mla import MLARope
 from posenc.encodings.rotary.module import FrequencyChange, RotaryEmbedding
 from posenc.encodings.rotary.mrope import MRoPE, mrope_decode_positions, mrope_position_ids
@@ -72,13 +74,16 @@ __all__ = [
     "ALiBi",
     "AxialRope",
     "CoPE",
+    "ComRoPE",
     "DefaultRope",
     "DisentangledAttention",
+    "DualChunkAttention",
     "DynamicNTKScaling",
     "ForgettingAttention",
     "FourierRope",
     "FrequencyChange",
     "LearnedPositionalEncoding",
+    "LieRE",
     "LinearScaling",
     "Llama3Scaling",
     "LongRopeScaling",
@@ -110,11 +115,13 @@ __all__ = [
     "dinov3_positions",
     "disentangled_bias",
     "disentangled_relative_index",
+    "dual_chunk_indices",
     "fire_bias",
     "fire_normalized_distance",
     "fope_frequencies",
     "fox_weights",
     "kerple_bias",
+    "lie_rotation",
     "log_bucket_position",
     "mrope_decode_positions",
     "mrope_position_ids",

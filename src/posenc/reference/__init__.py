@@ -30,6 +30,8 @@ from posenc.reference.data_dependent import (
     path_householder,
     stick_breaking_attention,
 )
+from posenc.reference.dual_chunk import dual_chunk_attention, dual_chunk_query_index
+from posenc.reference.lie import lie_rotate, skew_expm
 from posenc.reference.rope import (
     dynamic_ntk_frequencies,
     linear_frequencies,
@@ -53,12 +55,15 @@ __all__ = [
     "alibi_slopes",
     "cope_bias",
     "dape_bias",
+    "dual_chunk_attention",
+    "dual_chunk_query_index",
     "dynamic_ntk_frequencies",
     "fire_bias",
     "fox_attention",
     "fox_log_forget",
     "interpolate_table",
     "kerple_bias",
+    "lie_rotate",
     "linear_frequencies",
     "llama3_frequencies",
     "longrope_attention_factor",
@@ -76,6 +81,7 @@ __all__ = [
     "sinusoidal_frequencies",
     "sinusoidal_positional_encoding",
     "sinusoidal_positional_encoding_at",
+    "skew_expm",
     "stick_breaking_attention",
     "t5_bias",
     "t5_relative_position_bucket",

@@ -41,5 +41,7 @@ def sink_attention(
             top = max(logits.max(initial=-np.inf), sinks[h])
             weights = np.exp(logits - top)
             total = weights.sum() + np.exp(sinks[h] - top)
-            out[h, i] = sum((w / total * v[h, j] for w, j in zip(weights, seen)), np.zeros(dim))
+            out[h, i] = sum(
+                (w / total * v[h, j] for w, j in zip(weights, seen, strict=True)), np.zeros(dim)
+            )
     return out
