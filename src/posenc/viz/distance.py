@@ -139,7 +139,8 @@ def _stick(length: int, head_dim: int, gen: torch.Generator) -> Profile:
     for label, beta in betas.items():
         beta = beta.copy()
         beta[:, 0] = 0.0  # a token does not attend to itself (the paper's convention)
-        left = np.cumprod(1.0 - beta, axis=-1) / (1.0 - beta)  # before key d breaks
+        kept = np.cumprod(1.0 - beta, axis=-1)  # after key d breaks
+        left = np.concatenate([np.ones_like(kept[:, :1]), kept[:, :-1]], axis=-1)  # before
         prof.scores[label] = np.where(d > 0, left.mean(0), np.nan)
         prof.weights[label] = np.where(d > 0, (beta * left).mean(0), np.nan)
     return prof
