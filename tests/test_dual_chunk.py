@@ -106,6 +106,26 @@ def test_bad_construction_raises(kwargs, error, match):
         DualChunkAttention(8, H, **kwargs)
 
 
+def test_from_qwen_config():
+    transformers = pytest.importorskip("transformers")
+    dca = {"chunk_size": 262144, "local_size": 8192, "original_max_position_embeddings": 262144}
+    config = transformers.Qwen2Config(
+        hidden_size=64, num_attention_heads=4, num_key_value_heads=2, rope_theta=1e7,
+        dual_chunk_attention_config=dca,
+    )  # fmt: skip
+    raw = {"hidden_size": 64, "num_attention_heads": 4, "rope_theta": 1e7,
+           "dual_chunk_attention_config": dca}  # fmt: skip
+    for source in (config, raw):
+        enc = DualChunkAttention.from_hf_config(source)
+        got = (enc.head_dim, enc.num_heads, enc.chunk_size, enc.local_size, enc.base)
+        assert got == (16, 4, 262144, 8192, 1e7)
+    with pytest.raises(ValueError, match="dual_chunk_attention_config"):
+        DualChunkAttention.from_hf_config({"hidden_size": 64, "num_attention_heads": 4})
+    yarn = {**raw, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}
+    with pytest.raises(ValueError, match="yarn"):
+        DualChunkAttention.from_hf_config(yarn)
+
+
 def test_float_positions_raise():
     with pytest.raises(TypeError, match="integer q_pos"):
         dual_chunk_indices(torch.arange(4.0), torch.arange(4), chunk_size=8, local_size=2)

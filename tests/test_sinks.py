@@ -82,9 +82,12 @@ def test_sinks_change_the_output_and_zero_sinks_minus_inf_equal_plain_attention(
     torch.testing.assert_close(mha(x), plain(x), **tolerances(torch.float64, ops=64))
 
 
+@pytest.mark.parametrize("layer", [0, 1])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_matches_transformers_gpt_oss_attention(gen, backend, dtype):
+def test_matches_transformers_gpt_oss_attention(gen, backend, dtype, layer):
+    """Layer 1 attends fully, layer 0 over a sliding window of 128 (longer than the input:
+    posenc has no sliding-window mask)."""
     gpt_oss = pytest.importorskip("transformers.models.gpt_oss.modeling_gpt_oss")
     from transformers import GptOssConfig
 
@@ -95,8 +98,8 @@ def test_matches_transformers_gpt_oss_attention(gen, backend, dtype):
         num_hidden_layers=2, vocab_size=64, intermediate_size=16, num_local_experts=2,
     )  # fmt: skip
     config._attn_implementation = "eager"
-    layer = 1  # full attention (posenc has no sliding window; layer 0 slides over 128)
-    assert config.layer_types[layer] == "full_attention"
+    assert config.layer_types == ["sliding_attention", "full_attention"]
+    assert config.sliding_window > 9
     torch.manual_seed(0)
     theirs = gpt_oss.GptOssAttention(config, layer_idx=layer).to(dtype).eval()
     for p in theirs.parameters():

@@ -28,12 +28,16 @@ The logits of a query depend on which chunk each key lies in, so DCA computes th
 attention weights itself: a WEIGHTS-site encoding (``posenc.base``) with no gates, served
 by every backend of ``MultiHeadAttention`` by query blocks (``chunked``: ``block_size``),
 KV-cache decoding included (keys are cached unrotated and rotated at their offsets per
-call). Not supported: Qwen2.5-1M's sparse (MInference) prefill, which approximates these
-weights; RoPE scalings (DCA replaces them); composition with other encodings; attention
-sinks. Its backward keeps every block's weights (``O(B H Tq Tk)`` memory with gradients).
+call). ``DualChunkAttention.from_hf_config`` reads a checkpoint's
+``dual_chunk_attention_config``. Not supported: Qwen2.5-1M's sparse (MInference)
+prefill, which approximates these weights; RoPE scalings (DCA replaces them);
+composition with other encodings; attention sinks. Its backward keeps every block's
+weights (``O(B H Tq Tk)`` memory with gradients).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -158,6 +162,36 @@ class DualChunkAttention(PositionalEncoding):
         self.base = check_float("base", base, positive=True)
         self.interleaved = check_bool("interleaved", interleaved)
         self._inv_freq = DefaultRope().inv_freq(self.head_dim, self.base)[0]  # float64
+
+    @classmethod
+    def from_hf_config(cls, config: Any) -> DualChunkAttention:
+        """The DCA of a checkpoint's ``dual_chunk_attention_config`` (Qwen2.5-1M), from a
+        ``config.json`` dict or a transformers config: its ``chunk_size`` and
+        ``local_size``, the RoPE base (``rope_theta``, or ``rope_parameters["rope_theta"]``)
+        and the head shape. ``posenc.from_hf_config`` returns what transformers runs for
+        such a checkpoint, plain RoPE (it reads no ``dual_chunk_attention_config``).
+
+        Raises:
+            ValueError: no ``dual_chunk_attention_config``, or one without ``chunk_size``
+                and ``local_size``; a RoPE scaling other than the default.
+        """
+        get = config.get if isinstance(config, dict) else lambda key: getattr(config, key, None)
+        dca = get("dual_chunk_attention_config")
+        if not isinstance(dca, dict) or not {"chunk_size", "local_size"} <= set(dca):
+            raise ValueError(
+                "config needs a dual_chunk_attention_config with chunk_size and local_size, "
+                f"got {dca!r}"
+            )
+        rope = get("rope_parameters") or get("rope_scaling") or {}
+        kind = rope.get("rope_type", rope.get("type", "default"))
+        if kind != "default":
+            raise ValueError(f"dual chunk attention replaces RoPE scaling; got rope_type={kind!r}")
+        heads = get("num_attention_heads")
+        head_dim = get("head_dim") or get("hidden_size") // heads
+        base = get("rope_theta") or rope.get("rope_theta", 10000.0)
+        return cls(
+            head_dim, heads, chunk_size=dca["chunk_size"], local_size=dca["local_size"], base=base
+        )
 
     def gates(self, x: Tensor, past: Tensor | None = None) -> Tensor:
         """No gates: ``[B, H, T, 0]``."""
