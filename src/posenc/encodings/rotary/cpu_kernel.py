@@ -12,11 +12,14 @@ When it is built: on first use (the first CPU ``apply_rope``, ``posenc --version
 ``torch.utils.cpp_extension`` (a C++ compiler and ninja; about 10 s), into the user's
 cache directory: ``$POSENC_CACHE_DIR``, else ``$XDG_CACHE_HOME/posenc``, else
 ``~/.cache/posenc``, under ``kernels/`` in a folder whose name carries the torch and
-Python versions, the machine and a hash of the source and flags, so a stale or foreign
-build is never loaded. A finished build is recorded with the SHA-256 of its library,
-and a library is loaded only when that record matches: a truncated or altered file is
-rebuilt, or, where it cannot be, left alone. Builds take a file lock, so processes
-starting together build once.
+Python versions, the machine and a hash of the source, the flags and the CPU, so a stale
+or foreign build is never loaded. On x86-64 it is compiled for the CPU it runs on
+(``-march=native``: AVX-512 or AVX2 where present, instead of the SSE2 baseline), which
+is why the CPU's model and feature flags are part of the hash: a cache directory shared
+by different machines holds one build per CPU. A finished build is recorded with the
+SHA-256 of its library, and a library is loaded only when that record matches: a
+truncated or altered file is rebuilt, or, where it cannot be, left alone. Builds take a
+file lock, so processes starting together build once.
 
 When the kernel is off, missing a compiler, failing to build or to load (for any
 reason), or ``POSENC_CPU_KERNEL=0`` is set, ``apply_rope`` runs its PyTorch path, and
@@ -49,14 +52,34 @@ ENV_CACHE = "POSENC_CACHE_DIR"
 ENV_CFLAGS = "POSENC_KERNEL_CFLAGS"
 ACTIVE = "compiled C++ kernel"
 NAME = "posenc_rope_cpu"
-_BASE_FLAGS = ("-O3", "-fopenmp", "-ffp-contract=off")  # no FMA: same bits as PyTorch ops
+# No fused multiply-add, so the bits are PyTorch's: -ffp-contract=off, and no SLP
+# vectorizer, which (GCC 12) turns the interleaved pairs' products and add/sub into
+# vfmaddsub even so.
+_BASE_FLAGS = ("-O3", "-fopenmp", "-ffp-contract=off", "-fno-tree-slp-vectorize")
+_NATIVE = ("-march=native",) if platform.machine().lower() in ("x86_64", "amd64") else ()
 _DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
 _log = logging.getLogger("posenc")
 
 
 def _flags() -> list[str]:
-    return [*_BASE_FLAGS, *os.environ.get(ENV_CFLAGS, "").split()]
+    return [*_BASE_FLAGS, *_NATIVE, *os.environ.get(ENV_CFLAGS, "").split()]
+
+
+def _cpu_identity() -> str:
+    """The CPU a native build is for: model name and feature flags (Linux), else the
+    processor string."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            fields = {}
+            for line in f:
+                key, _, value = line.partition(":")
+                if not line.strip():
+                    break  # the first processor is enough
+                fields[key.strip()] = value.strip()
+        return f"{fields.get('model name', '')}|{fields.get('flags', '')}"
+    except OSError:
+        return platform.processor()
 
 
 def cache_directory() -> Path:
@@ -68,9 +91,10 @@ def cache_directory() -> Path:
 
 
 def build_directory() -> Path:
-    """Where the kernel built from this source, torch, Python and flags lives."""
+    """Where the kernel built from this source, torch, Python, flags and CPU lives."""
     digest = hashlib.sha256(SOURCE.read_bytes())
     digest.update(" ".join(_flags()).encode())
+    digest.update(_cpu_identity().encode())
     tag = f"torch{torch.__version__}-py{sys.version_info[0]}{sys.version_info[1]}"
     tag = "".join(c if c.isalnum() or c in "-." else "_" for c in tag)
     name = f"rope_cpu-{tag}-{platform.machine()}-{digest.hexdigest()[:12]}"

@@ -8,7 +8,9 @@
 // (a cos - b sin, a sin + b cos), each product and sum rounded in the compute type (no
 // fused multiply-add, so every layout and the PyTorch path give the same bits), then
 // rounded once to x's type; features R..D-1 are copied when out is not x. Rows are
-// handed out to at::parallel_for's threads in small blocks from a shared counter, so a
+// walked in memory order with pointers that advance by the strides (no division per
+// row), in blocks of about 32 KiB: each of at::parallel_for's threads takes the blocks of
+// its own contiguous share first, then helps finish the others' (class Shares), so a
 // thread that the OS preempts delays the call by one block, not by half the work.
 //
 // Registered as the operator posenc_cpu::rope_into (CPU only; the dispatcher refuses
@@ -27,6 +29,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 namespace {
 
@@ -78,16 +81,15 @@ inline void turn(acc_t a, acc_t b, acc_t c, acc_t s, acc_t& new_a, acc_t& new_b)
   new_b = as + bc;
 }
 
-// One row of D features. The unit-stride case (the usual one) is a loop the compiler
-// vectorizes; other strides run the same arithmetic element by element, so a strided
+// Where the pairs of a row lie: the two unit-stride layouts get loops the compiler
+// vectorizes; any other strides run the same arithmetic element by element, so a strided
 // view gives bit for bit the result of its contiguous copy.
-template <typename scalar_t, typename acc_t>
-void rotate_row(const scalar_t* x, int64_t xs, scalar_t* out, int64_t os, const acc_t* cos,
-                const acc_t* sin, int64_t half, bool interleaved, bool copy_rest,
-                int64_t dim) {
-  const int64_t second = interleaved ? 1 : half;  // offset of b from a
-  const int64_t step = interleaved ? 2 : 1;       // offset between consecutive a's
-  if (xs == 1 && os == 1 && !interleaved) {
+enum class Pairs { kHalfSplit, kInterleaved, kStrided };
+
+template <typename scalar_t, typename acc_t, Pairs pairs>
+inline void rotate_row(const scalar_t* x, int64_t xs, scalar_t* out, int64_t os, const acc_t* cos,
+                       const acc_t* sin, int64_t half, bool interleaved) {
+  if constexpr (pairs == Pairs::kHalfSplit) {
     const scalar_t* x2 = x + half;
     scalar_t* out2 = out + half;
 #pragma omp simd
@@ -98,7 +100,7 @@ void rotate_row(const scalar_t* x, int64_t xs, scalar_t* out, int64_t os, const 
       out[i] = narrow<scalar_t, acc_t>(na);
       out2[i] = narrow<scalar_t, acc_t>(nb);
     }
-  } else if (xs == 1 && os == 1) {
+  } else if constexpr (pairs == Pairs::kInterleaved) {
 #pragma omp simd
     for (int64_t i = 0; i < half; ++i) {
       acc_t na, nb;
@@ -108,6 +110,8 @@ void rotate_row(const scalar_t* x, int64_t xs, scalar_t* out, int64_t os, const 
       out[2 * i + 1] = narrow<scalar_t, acc_t>(nb);
     }
   } else {
+    const int64_t second = interleaved ? 1 : half;  // offset of b from a
+    const int64_t step = interleaved ? 2 : 1;       // offset between consecutive a's
     for (int64_t i = 0; i < half; ++i) {
       const int64_t ia = i * step, ib = ia + second;
       acc_t na, nb;
@@ -117,49 +121,126 @@ void rotate_row(const scalar_t* x, int64_t xs, scalar_t* out, int64_t os, const 
       out[ib * os] = narrow<scalar_t, acc_t>(nb);
     }
   }
-  if (copy_rest) {
-    for (int64_t j = 2 * half; j < dim; ++j) {
-      out[j * os] = x[j * xs];
+}
+
+// Rows [first, stop) of the B*H*T rows, in memory order of (b, h, t): the row, output
+// and table pointers advance by their strides, with no division per row.
+template <typename scalar_t, typename acc_t, Pairs pairs>
+void rotate_rows(const Layout& s, const scalar_t* x, scalar_t* out, const acc_t* cos,
+                 const acc_t* sin, bool interleaved, int64_t first, int64_t stop) {
+  const int64_t half = s.rotary / 2;
+  const bool copy_rest = out != x && s.rotary < s.dim;
+  const int64_t* xs = s.x_strides;
+  const int64_t* os = s.out_strides;
+  int64_t t = first % s.length, bh = first / s.length;
+  for (int64_t r = first; r < stop; bh += 1, t = 0) {
+    const int64_t h = bh % s.heads, b = bh / s.heads;
+    const scalar_t* xr = x + b * xs[0] + h * xs[1] + t * xs[2];
+    scalar_t* outr = out + b * os[0] + h * os[1] + t * os[2];
+    const int64_t table = ((s.table_batch == 1 ? 0 : b) * s.length + t) * half;
+    const acc_t* c = cos + table;
+    const acc_t* sn = sin + table;
+    const int64_t last = std::min(s.length, t + (stop - r));
+    for (; t < last; ++t, ++r, xr += xs[2], outr += os[2], c += half, sn += half) {
+      rotate_row<scalar_t, acc_t, pairs>(xr, xs[3], outr, os[3], c, sn, half, interleaved);
+      if (copy_rest) {
+        for (int64_t j = s.rotary; j < s.dim; ++j) {
+          outr[j * os[3]] = xr[j * xs[3]];
+        }
+      }
     }
+  }
+}
+
+// Blocks [0, n) of work dealt out as one contiguous share per worker. A worker takes the
+// blocks of its own share from the front, in memory order, then takes what is left of the
+// others' shares from their back ends. Each thread so streams through its own region of
+// memory (and, out of place, first touches its own pages, apart from its neighbour's),
+// while a thread the OS preempts delays the call by one block at most: the others finish
+// its share. A share's span is one word, front << 32 | back, changed by compare-exchange.
+class Shares {
+ public:
+  Shares(int64_t blocks, int64_t workers) : spans_(workers) {
+    for (int64_t w = 0; w < workers; ++w) {
+      const uint64_t front = blocks * w / workers, back = blocks * (w + 1) / workers;
+      spans_[w].span.store(front << 32 | back, std::memory_order_relaxed);
+    }
+  }
+
+  // The next block of share w from its front (own = true) or back, or -1 when it is empty.
+  int64_t take(int64_t w, bool own) {
+    std::atomic<uint64_t>& span = spans_[w].span;
+    uint64_t v = span.load(std::memory_order_relaxed);
+    for (;;) {
+      const uint64_t front = v >> 32, back = v & 0xFFFFFFFFu;
+      if (front >= back) {
+        return -1;
+      }
+      const uint64_t next = own ? (front + 1) << 32 | back : front << 32 | (back - 1);
+      if (span.compare_exchange_weak(v, next, std::memory_order_relaxed)) {
+        return static_cast<int64_t>(own ? front : back - 1);
+      }
+    }
+  }
+
+  int64_t workers() const { return static_cast<int64_t>(spans_.size()); }
+
+ private:
+  struct alignas(64) Span {  // one cache line each: workers do not contend on a line
+    std::atomic<uint64_t> span{0};
+  };
+  std::vector<Span> spans_;
+};
+
+template <typename scalar_t, typename acc_t, Pairs pairs>
+void rotate_all(const Layout& s, const void* x_ptr, void* out_ptr, const void* cos_ptr,
+                const void* sin_ptr, bool interleaved) {
+  const auto* x = static_cast<const scalar_t*>(x_ptr);
+  auto* out = static_cast<scalar_t*>(out_ptr);
+  const auto* cos = static_cast<const acc_t*>(cos_ptr);
+  const auto* sin = static_cast<const acc_t*>(sin_ptr);
+  const int64_t rows = s.batch * s.heads * s.length;
+  // about 32 KiB of x per block: small enough to balance, large enough to amortize; never
+  // 2^31 blocks or more, so the ends of a share fit in 32 bits each
+  const int64_t row_bytes = std::max<int64_t>(1, s.dim * static_cast<int64_t>(sizeof(scalar_t)));
+  const int64_t block = std::max({int64_t{1}, (32 << 10) / row_bytes, (rows >> 31) + 1});
+  const int64_t blocks = (rows + block - 1) / block;
+  const auto run = [&](int64_t blk) {
+    rotate_rows<scalar_t, acc_t, pairs>(s, x, out, cos, sin, interleaved, blk * block,
+                                        std::min(rows, (blk + 1) * block));
+  };
+  Shares shares(blocks, std::min<int64_t>(blocks, at::get_num_threads()));
+  const auto work = [&](int64_t begin, int64_t end) {
+    for (int64_t w = begin; w < end; ++w) {
+      for (int64_t blk = shares.take(w, true); blk >= 0; blk = shares.take(w, true)) {
+        run(blk);
+      }
+      for (int64_t k = 1; k < shares.workers(); ++k) {
+        const int64_t other = (w + k) % shares.workers();
+        for (int64_t blk = shares.take(other, false); blk >= 0; blk = shares.take(other, false)) {
+          run(blk);
+        }
+      }
+    }
+  };
+  if (shares.workers() <= 1) {
+    work(0, 1);
+  } else {
+    at::parallel_for(0, shares.workers(), 1, work);
   }
 }
 
 template <typename scalar_t, typename acc_t>
 void rotate(const Layout& s, const void* x_ptr, void* out_ptr, const void* cos_ptr,
             const void* sin_ptr, bool interleaved) {
-  const auto* x = static_cast<const scalar_t*>(x_ptr);
-  auto* out = static_cast<scalar_t*>(out_ptr);
-  const auto* cos = static_cast<const acc_t*>(cos_ptr);
-  const auto* sin = static_cast<const acc_t*>(sin_ptr);
-  const int64_t half = s.rotary / 2;
-  const int64_t rows = s.batch * s.heads * s.length;
-  const bool copy_rest = out != x && s.rotary < s.dim;
-  const int64_t* xs = s.x_strides;
-  const int64_t* os = s.out_strides;
-  // about 32 KiB of x per block: small enough to balance, large enough to amortize
-  const int64_t row_bytes = std::max<int64_t>(1, s.dim * static_cast<int64_t>(sizeof(scalar_t)));
-  const int64_t block = std::max<int64_t>(1, (32 << 10) / row_bytes);
-  const int64_t blocks = (rows + block - 1) / block;
-  std::atomic<int64_t> next{0};
-  auto work = [&](int64_t, int64_t) {
-    for (int64_t blk = next.fetch_add(1); blk < blocks; blk = next.fetch_add(1)) {
-      const int64_t stop = std::min(rows, (blk + 1) * block);
-      for (int64_t r = blk * block; r < stop; ++r) {
-        const int64_t t = r % s.length, bh = r / s.length;
-        const int64_t h = bh % s.heads, b = bh / s.heads;
-        const int64_t table = ((s.table_batch == 1 ? 0 : b) * s.length + t) * half;
-        rotate_row<scalar_t, acc_t>(x + b * xs[0] + h * xs[1] + t * xs[2], xs[3],
-                                    out + b * os[0] + h * os[1] + t * os[2], os[3],
-                                    cos + table, sin + table, half, interleaved, copy_rest,
-                                    s.dim);
-      }
-    }
-  };
-  const int64_t workers = std::min<int64_t>(blocks, at::get_num_threads());
-  if (workers <= 1) {
-    work(0, 1);
+  const bool unit = s.x_strides[3] == 1 && s.out_strides[3] == 1;
+  if (unit && !interleaved) {
+    rotate_all<scalar_t, acc_t, Pairs::kHalfSplit>(s, x_ptr, out_ptr, cos_ptr, sin_ptr, false);
+  } else if (unit) {
+    rotate_all<scalar_t, acc_t, Pairs::kInterleaved>(s, x_ptr, out_ptr, cos_ptr, sin_ptr, true);
   } else {
-    at::parallel_for(0, workers, 1, work);
+    rotate_all<scalar_t, acc_t, Pairs::kStrided>(s, x_ptr, out_ptr, cos_ptr, sin_ptr,
+                                                 interleaved);
   }
 }
 
