@@ -478,7 +478,7 @@ def patch(
     parent.rotary_emb = rotary
     signature = inspect.signature(parent.forward)
     parent.register_forward_pre_hook(TrackerPreHook(tracker, signature, rotary), with_kwargs=True)
-    parent.register_forward_hook(TrackerPostHook(tracker))
+    parent.register_forward_hook(TrackerPostHook(tracker), always_call=True)
     object.__setattr__(model, _STATE, _Patch(parent, original, methods))
     if verify:
         try:

@@ -44,7 +44,11 @@ class CacheTracker:
 
     The state of one forward (its cache, length before, positions, inputs) is per thread,
     so threads may share one patched model, each with its own cache; a deep copy of a
-    patched model gets a fresh tracker of its own.
+    patched model gets a fresh tracker of its own. With a length-dependent table the
+    frequencies live in the shared rotary modules, so forwards take turns (a lock held
+    from ``start`` to ``finish``, which runs even when the forward raises), and under the
+    monotone policy each forward starts from the frequencies of its own cache (the
+    longest length its recorded positions reach), not from another sequence's.
 
     Args:
         policy: ``"monotone"`` or ``"transformers"``.
@@ -60,6 +64,7 @@ class CacheTracker:
         self._history: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # cache -> [B, N]
         self._inputs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # cache -> (name, x)
         self._local = threading.local()
+        self._turn = threading.RLock()  # re-entered by the recomputation's own forward
 
     def __deepcopy__(self, memo: dict) -> CacheTracker:
         return CacheTracker(self.policy, self.length_dependent)
@@ -77,12 +82,22 @@ class CacheTracker:
 
     def start(self, cache: Any, inputs: tuple[str, Tensor] | None, rotary: nn.Module) -> None:
         """A forward begins on ``cache`` (None: no cache) with ``inputs``; a new sequence
-        resets the monotone policy to the original frequencies."""
+        resets the monotone policy to the original frequencies, a cached one returns to
+        the frequencies its cache was filled with."""
+        if self.length_dependent and not self._get("turn", False):
+            self._turn.acquire()  # released by finish()
+            self._local.turn = True
         self._local.cache, self._local.positions, self._local.inputs = cache, None, inputs
         self._local.before = int(cache.get_seq_length()) if cache is not None else 0
-        if self.policy == "monotone" and self._local.before == 0:
+        if self.policy != "monotone":
+            return
+        history = self._history.get(cache) if self.recording and self._local.before else None
+        if self._local.before == 0 or history is not None:
+            reached = int(history.max()) + 1 if history is not None else 0
             for encoding in rotary.encodings.values():
-                encoding.reset_length()
+                if encoding.seen_length != reached:
+                    encoding.reset_length()
+                    encoding.observe_length(reached)
 
     def must_recompute(self, rotary: nn.Module, length: int) -> bool:
         """Whether a forward reaching ``length`` changes the frequencies of a non-empty
@@ -120,11 +135,21 @@ class CacheTracker:
             )
 
     def finish(self, output: Any) -> None:
-        """A forward ended: append its positions and inputs to its cache's record."""
+        """A forward ended (``output`` None: it raised): append its positions and inputs
+        to its cache's record, and let the next forward take its turn."""
+        try:
+            if output is not None:
+                self._record(output)
+        finally:
+            self._local.cache = None
+            if self._get("turn", False):
+                self._local.turn = False
+                self._turn.release()
+
+    def _record(self, output: Any) -> None:
         cache = getattr(output, "past_key_values", None)
         cache = self._get("cache") if cache is None else cache
         positions, inputs = self._get("positions"), self._get("inputs")
-        self._local.cache = None
         if not self.recording or cache is None or positions is None or inputs is None:
             return
         new = positions.to("cpu", torch.long)
@@ -209,7 +234,8 @@ class TrackerPreHook:
 
 
 class TrackerPostHook:
-    """Base-model forward hook: records what the forward added to its cache."""
+    """Base-model forward hook (``always_call=True``): records what the forward added to
+    its cache, and ends the forward's turn even when it raised."""
 
     def __init__(self, tracker: CacheTracker) -> None:
         self.tracker = tracker
