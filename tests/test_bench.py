@@ -16,7 +16,7 @@ import pytest
 from posenc.bench import SUITES, run_benchmarks
 from posenc.bench.load import busy_processes
 from posenc.bench.report import rope_targets
-from posenc.bench.rope import FLOOR, HF_STYLE
+from posenc.bench.rope import BACKWARD_FLOOR, CLONE, FLOOR, HF_STYLE
 from posenc.bench.timing import Group, Stats, warm_memory
 from posenc.cli import main
 
@@ -92,35 +92,56 @@ def test_only_one_suite():
     assert results.bias_memory == [] and results.bias_attention == []
 
 
-def _group(shape, dtype, kind, medians):
-    stats = {name: Stats(m, m, m, m, m, 1) for name, m in medians.items()}
+def _group(shape, dtype, kind, medians, maxima=None):
+    maxima = maxima or medians
+    stats = {name: Stats(m, m, m, m, maxima[name], 1) for name, m in medians.items()}
     info = {"shape": shape, "dtype": dtype, "pass": kind}
     return Group("rope", "t", stats, floor=FLOOR, speedup_over=(HF_STYLE,), info=info)
 
 
 def test_targets_are_ratios_of_medians_and_maxima():
-    medians = {FLOOR: 10.0, HF_STYLE: 300.0}
-    for layout, fresh, in_place in (("half", 15.0, 12.0), ("intl", 25.0, 14.0)):
+    medians = {FLOOR: 10.0, CLONE: 12.5, HF_STYLE: 300.0}
+    for layout, fresh, in_place in (("half", 15.0, 10.5), ("intl", 25.0, 14.0)):
         medians[f"apply_rope {layout}"] = fresh
         medians[f"apply_rope_ {layout} (in place)"] = in_place
-    group = _group([4, 16, 2048, 64], "float32", "forward", medians)
+    maxima = {**medians, FLOOR: 20.0, "apply_rope half": 30.0}
+    group = _group([4, 16, 2048, 64], "float32", "forward", medians, maxima)
     targets = {t.what: t for t in rope_targets([group])}
     assert {t.group for t in targets.values()} == {"[4,16,2048,64] fp32 fwd"}
-    fresh_half = targets["half: ÷ floor"]
+    fresh_half = targets["half: ÷ clone"]
     assert (fresh_half.value, fresh_half.limit, fresh_half.at_most, fresh_half.met) == (
-        1.5,
-        2.0,
+        pytest.approx(1.2),
+        1.2,
         True,
         True,
     )
-    assert not targets["intl: ÷ floor"].met  # 2.5 > 2
-    assert targets["half in place: ÷ floor"].value == pytest.approx(1.2)
+    assert not targets["intl: ÷ clone"].met  # 2.0 > 1.2
+    assert targets["half: ÷ clone (max)"].value == pytest.approx(30.0 / 12.5)
+    assert targets["half in place: ÷ floor"].value == pytest.approx(1.05)
+    assert targets["half in place: ÷ floor"].met
+    assert targets["half in place: ÷ floor (max)"].value == pytest.approx(10.5 / 20.0)
+    assert not targets["intl in place: ÷ floor"].met  # 1.4 > 1.1
     speedup = targets["half: × faster"]
     assert speedup.value == pytest.approx(20.0) and speedup.met
     slowest = targets["slowest: × faster"]
     assert slowest.value == pytest.approx(300.0 / 25.0) and slowest.met
-    assert targets["slowest: × faster (max)"].value == pytest.approx(300.0 / 25.0)
+    assert targets["slowest: × faster (max)"].value == pytest.approx(300.0 / 30.0)
     assert rope_targets([_group([1, 2, 3, 4], "float32", "forward", medians)]) == []
+
+
+def test_bf16_has_the_floor_targets_and_backward_its_copy_floor():
+    medians = {FLOOR: 10.0, CLONE: 12.5, HF_STYLE: 300.0, BACKWARD_FLOOR: 20.0}
+    for layout in ("half", "intl"):
+        medians[f"apply_rope {layout}"] = 30.0
+        medians[f"apply_rope_ {layout} (in place)"] = 11.0
+    forward = _group([4, 16, 2048, 64], "bfloat16", "forward", medians)
+    bf16 = {t.what for t in rope_targets([forward])}
+    assert {"half: ÷ clone", "intl: ÷ clone (max)", "intl in place: ÷ floor (max)"} <= bf16
+    backward = _group([4, 16, 2048, 64], "float32", "forward+backward", medians)
+    backward.floor = BACKWARD_FLOOR
+    ratios = {t.what: t.value for t in rope_targets([backward])}
+    assert ratios["half: ÷ floor"] == pytest.approx(1.5)
+    assert not any("clone" in what or "in place" in what for what in ratios)
 
 
 @pytest.mark.skipif(not Path("/proc/meminfo").exists(), reason="needs /proc/meminfo")
@@ -151,3 +172,19 @@ def test_every_option_has_help_and_a_metavar(capsys):
     text = capsys.readouterr().out
     for option in ("--only SUITES", "--threads N", "--repeats N", "--load N", "--json PATH"):
         assert option in text
+
+
+def test_bias_targets_hold_each_encoding_to_its_limit():
+    """Median and max ratios over causal SDPA at the target lengths, none at quick shapes."""
+    from posenc.bench.bias import BIAS_LIMITS, CORE_BASELINE, bias_targets
+
+    stats = {CORE_BASELINE: Stats.of([0.010, 0.012])}
+    stats |= {name: Stats.of([0.020, 0.030]) for name in BIAS_LIMITS}
+    core = Group("bias", "core", stats, floor=CORE_BASELINE, info={"T": 2048, "core": True})
+    quick = Group("bias", "quick", stats, floor=CORE_BASELINE, info={"T": 64, "core": True})
+    targets = {t.what: t for t in bias_targets([core, quick])}
+    assert len(targets) == 2 * len(BIAS_LIMITS)
+    median = targets["alibi: ÷ SDPA"]
+    assert median.value == pytest.approx(stats["alibi"].median_ms / stats[CORE_BASELINE].median_ms)
+    assert median.limit == 1.3 and not median.met  # 2.27x
+    assert targets["fire: ÷ SDPA (max)"].met  # 30 / 12 = 2.5x <= 3x

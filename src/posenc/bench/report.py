@@ -16,7 +16,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from posenc.bench.rope import HF_STYLE, posenc_cases
+from posenc.bench.rope import CLONE, FLOOR, HF_STYLE, posenc_cases
 from posenc.bench.timing import Group
 
 __all__ = [
@@ -83,8 +83,22 @@ def _never_slower(group: Group, label: str) -> list[Target]:
     ]
 
 
+def _ratio(group: Group, case: str, baseline: str, *, worst: bool) -> float | None:
+    """``case`` over ``baseline``: medians, or maxima when ``worst``."""
+    if case not in group.stats or baseline not in group.stats:
+        return None
+    mine, base = group.stats[case], group.stats[baseline]
+    return mine.max_ms / base.max_ms if worst else mine.median_ms / base.median_ms
+
+
 def _floor_targets(group: Group, label: str) -> list[Target]:
-    """Issue 15's floor and speedup targets for each layout."""
+    """The floor and speedup targets for each layout.
+
+    Forward, float32 and bfloat16, by median and by maximum: out of place at most 1.2x
+    a fresh copy of the same tensors (``clone``: both allocate and first-touch their
+    output), in place at most 1.1x the copy into preallocated tensors. float32 also: 10x
+    faster than the expression, and forward+backward at most twice its copy floor.
+    """
     dtype, forward = group.info["dtype"], group.info["pass"] == "forward"
     out = []
     for layout in ("half", "intl"):
@@ -93,15 +107,18 @@ def _floor_targets(group: Group, label: str) -> list[Target]:
             speedup = group.speedup(fresh, HF_STYLE)
             if speedup is not None:
                 out.append(Target(label, f"{layout}: × faster", speedup, 10, False))
-            out.append(Target(label, f"{layout}: ÷ floor", group.ratio_to_floor(fresh), 2.0, True))
-            if forward:
-                ratio = group.ratio_to_floor(in_place)
-                out.append(Target(label, f"{layout} in place: ÷ floor", ratio, 1.3, True))
-        elif forward:
-            out.append(Target(label, f"{layout}: ÷ floor", group.ratio_to_floor(fresh), 3.0, True))
-            ratio = group.ratio_to_floor(in_place)
-            out.append(Target(label, f"{layout} in place: ÷ floor", ratio, 3.0, True))
-    return out  # type: ignore[return-value]
+            ratio = group.ratio_to_floor(fresh)
+            if not forward and ratio is not None:
+                out.append(Target(label, f"{layout}: ÷ floor", ratio, 2.0, True))
+        if forward and dtype in ("float32", "bfloat16"):
+            for worst, tag in ((False, ""), (True, " (max)")):
+                ratio = _ratio(group, fresh, CLONE, worst=worst)
+                if ratio is not None:
+                    out.append(Target(label, f"{layout}: ÷ clone{tag}", ratio, 1.2, True))
+                ratio = _ratio(group, in_place, FLOOR, worst=worst)
+                if ratio is not None:
+                    out.append(Target(label, f"{layout} in place: ÷ floor{tag}", ratio, 1.1, True))
+    return out
 
 
 def rope_targets(groups: list[Group]) -> list[Target]:

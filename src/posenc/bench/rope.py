@@ -23,9 +23,10 @@ from posenc.encodings.rotary.apply import apply_rope, apply_rope_
 from posenc.encodings.rotary.module import RotaryEmbedding
 from posenc.fastpath import empty_like
 
-__all__ = ["BACKWARD_FLOOR", "FLOOR", "HF_STYLE", "LAYOUTS", "posenc_cases", "rope_groups"]
+__all__ = ["BACKWARD_FLOOR", "CLONE", "FLOOR", "HF_STYLE", "LAYOUTS", "posenc_cases", "rope_groups"]
 
 FLOOR = "copy (preallocated)"
+CLONE = "copy (fresh, 4 KiB pages)"  # the floor of an out-of-place rotation
 BACKWARD_FLOOR = "copy x2 (fwd + bwd)"
 HF_STYLE = "x*cos + rotate_half(x)*sin"
 LAYOUTS = (("half", False), ("intl", True))  # half-split, interleaved
@@ -111,7 +112,7 @@ def _forward_cases(t: dict[str, Tensor]) -> dict[str, Callable[[], object]]:
     rope, rope_i = RotaryEmbedding(q.shape[-1]), RotaryEmbedding(q.shape[-1], interleaved=True)
     cases: dict[str, Callable[[], object]] = {
         FLOOR: lambda: (out_q.copy_(q), out_k.copy_(k)),
-        "copy (fresh, 4 KiB pages)": lambda: (q.clone(), k.clone()),
+        CLONE: lambda: (q.clone(), k.clone()),
         "copy (fresh, huge pages)": lambda: (empty_like(q).copy_(q), empty_like(k).copy_(k)),
         HF_STYLE: _both(lambda x: _hf_style(x, t["cos_full"], t["sin_full"]), q, k),
         "Meta complex multiply": _both(lambda x: _meta_style(x, freqs), q, k),
