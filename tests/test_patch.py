@@ -4,6 +4,8 @@ them in its config, the two length policies, exact unpatch, and bad input."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -219,12 +221,19 @@ def test_monotone_policy_keeps_cached_keys_consistent(family, num_layers, tmp_pa
     assert drift[1] > 10 * max(drift[0], 64 * ids.shape[1] * eps)  # well past it
 
 
+def _in_threads(target, count: int) -> None:
+    """Run ``target(i)`` for ``i < count``, each in its own thread, and wait for all."""
+    workers = [threading.Thread(target=target, args=(i,)) for i in range(count)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+
+
 def test_monotone_policy_follows_each_cache_not_the_last_sequence(tmp_path_factory):
     """Sequences decoded in turns through one patched model, in one thread and in several:
     each cached step equals a full forward of its own sequence, though another sequence
     reached a longer length (whose frequencies the shared rotary module held)."""
-    import threading
-
     model_cls, folder = _saved(tmp_path_factory, "llama", **DYNAMIC)
     patched, fresh = patch(_load(model_cls, folder)), patch(_load(model_cls, folder))
     ids = torch.randint(0, VOCAB, (4, 20), generator=torch.Generator().manual_seed(6))
@@ -246,11 +255,7 @@ def test_monotone_policy_follows_each_cache_not_the_last_sequence(tmp_path_facto
         except BaseException as exc:  # reported below
             errors.append(exc)
 
-    workers = [threading.Thread(target=decode, args=(row,)) for row in range(4)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
+    _in_threads(decode, 4)
     assert not errors, errors
     with torch.no_grad():
         for row, cache in enumerate(caches):
@@ -261,8 +266,6 @@ def test_monotone_policy_follows_each_cache_not_the_last_sequence(tmp_path_facto
 def test_a_forward_that_raises_ends_its_turn(tmp_path_factory):
     """Forwards of a model with a length-dependent table take turns; one that raises (an
     out-of-vocabulary id) lets the next one, from another thread, run."""
-    import threading
-
     model_cls, folder = _saved(tmp_path_factory, "llama", **DYNAMIC)
     patched = patch(_load(model_cls, folder))
     with pytest.raises(IndexError), torch.no_grad():
@@ -329,7 +332,6 @@ def test_patch_state_belongs_to_the_model(tmp_path_factory):
     original's cache is untouched); nesting and pickling are refused by name."""
     import copy
     import pickle
-    import threading
 
     model_cls, folder = _saved(tmp_path_factory, "llama", **DYNAMIC)
     patched = patch(_load(model_cls, folder))
@@ -368,11 +370,7 @@ def test_patch_state_belongs_to_the_model(tmp_path_factory):
         except BaseException as exc:  # reported below
             errors.append(exc)
 
-    workers = [threading.Thread(target=decode, args=(s,)) for s in range(4)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
+    _in_threads(decode, 4)
     assert not errors, errors
 
 
