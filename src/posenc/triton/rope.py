@@ -93,6 +93,69 @@ def _rope_kernel(
         tl.store(o_row + j[None, :] * sod, tl.load(x_row + j[None, :] * sxd, mask=keep), mask=keep)
 
 
+@triton.jit
+def _rope_words_kernel(
+    x_ptr,
+    out_ptr,
+    cos_ptr,
+    sin_ptr,
+    heads,
+    length,
+    t_blocks,
+    sxb,
+    sxh,
+    sxt,
+    sob,
+    soh,
+    sot,
+    scb,
+    sct,
+    HALF: tl.constexpr,
+    PASS: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    BLOCK_PASS: tl.constexpr,
+    FLOAT: tl.constexpr,
+    INVERSE: tl.constexpr,
+):
+    """Interleaved pairs ``(x[2i], x[2i+1])`` read as one integer word each.
+
+    ``x_ptr``/``out_ptr`` point to the rows viewed as words of two ``FLOAT`` values (int64
+    for float32 pairs, int32 for 16-bit floats; little-endian: ``x[2i]`` is the low
+    half), strides in words. Each pair is one contiguous load, split by shifts and
+    bitcasts in registers, so the loads are as wide as a copy's.
+    """
+    pid = tl.program_id(0)
+    row = pid // t_blocks
+    b = (row // heads).to(tl.int64)
+    h = (row % heads).to(tl.int64)
+    t = (pid % t_blocks) * BLOCK_T + tl.arange(0, BLOCK_T)
+    i = tl.arange(0, BLOCK_HALF)
+    t_ok = t < length
+    mask = t_ok[:, None] & (i < HALF)[None, :]
+    t64 = t.to(tl.int64)[:, None]
+    x_row = x_ptr + b * sxb + h * sxh + t64 * sxt
+    o_row = out_ptr + b * sob + h * soh + t64 * sot
+    table = b * scb + t64 * sct + i[None, :]
+    cos = tl.load(cos_ptr + table, mask=mask, other=0.0)
+    sin = tl.load(sin_ptr + table, mask=mask, other=0.0)
+    if INVERSE:
+        sin = -sin
+    BITS: tl.constexpr = FLOAT.primitive_bitwidth
+    half_int: tl.constexpr = tl.int32 if BITS == 32 else tl.int16
+    word = x_ptr.dtype.element_ty
+    w = tl.load(x_row + i[None, :], mask=mask, other=0)
+    a = w.to(half_int).to(FLOAT, bitcast=True).to(cos.dtype)
+    b_ = (w >> BITS).to(half_int).to(FLOAT, bitcast=True).to(cos.dtype)
+    lo = (a * cos - b_ * sin).to(FLOAT).to(half_int, bitcast=True).to(word) & ((1 << BITS) - 1)
+    hi = (a * sin + b_ * cos).to(FLOAT).to(half_int, bitcast=True).to(word) << BITS
+    tl.store(o_row + i[None, :], hi | lo, mask=mask)
+    if PASS > 0:  # partial rotary, out of place: copy the words past R
+        j = HALF + tl.arange(0, BLOCK_PASS)
+        keep = t_ok[:, None] & (j < HALF + PASS)[None, :]
+        tl.store(o_row + j[None, :], tl.load(x_row + j[None, :], mask=keep), mask=keep)
+
+
 def _check(x: Tensor, cos: Tensor, sin: Tensor) -> None:
     """Validate the arguments as ``posenc.apply_rope`` does, plus the device."""
     for name, t in (("x", x), ("cos", cos), ("sin", sin)):
@@ -124,6 +187,21 @@ def _check(x: Tensor, cos: Tensor, sin: Tensor) -> None:
         )
 
 
+_WORDS = {torch.float32: torch.int64, torch.bfloat16: torch.int32, torch.float16: torch.int32}
+_TRITON_FLOATS = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+
+
+def _as_words(t: Tensor) -> Tensor | None:
+    """``t`` viewed as one integer word per interleaved pair, or None where it cannot be
+    (float64, a last stride other than 1, odd strides or offset)."""
+    if t.dtype not in _WORDS:
+        return None
+    try:
+        return t.view(_WORDS[t.dtype])
+    except RuntimeError:
+        return None
+
+
 def _launch(out: Tensor, x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, inverse: bool):
     """Write the rotation of ``x`` into ``out`` (``out is x``: in place)."""
     batch, heads, length, dim = x.shape
@@ -137,7 +215,23 @@ def _launch(out: Tensor, x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool,
     block_t = max(1, min(triton.next_power_of_2(length), _TILE // block_half))
     passed = 0 if out is x else dim - 2 * half
     t_blocks = triton.cdiv(length, block_t)
-    _rope_kernel[(batch * heads * t_blocks,)](
+    grid = (batch * heads * t_blocks,)
+    x_words = _as_words(x) if interleaved else None
+    out_words = x_words if out is x else _as_words(out) if x_words is not None else None
+    if out_words is not None:  # interleaved pairs as whole words
+        _rope_words_kernel[grid](
+            x_words, out_words, cos, sin, heads, length, t_blocks,
+            *x_words.stride()[:3], *out_words.stride()[:3], batch_stride, cos.stride(-2),
+            HALF=half,
+            PASS=passed // 2,
+            BLOCK_T=block_t,
+            BLOCK_HALF=block_half,
+            BLOCK_PASS=triton.next_power_of_2(max(passed // 2, 1)),
+            FLOAT=_TRITON_FLOATS[x.dtype],
+            INVERSE=inverse,
+        )  # fmt: skip
+        return
+    _rope_kernel[grid](
         x, out, cos, sin, heads, length, t_blocks,
         *x.stride(), *out.stride(), batch_stride, cos.stride(-2),
         HALF=half,
