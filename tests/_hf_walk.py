@@ -68,9 +68,25 @@ QWEN3_OMNI_TEXT = {
         "mrope_interleaved": True,
     },
 }
+#: HunYuan dense / MoE checkpoints' rope dict: a fixed NTK-alpha base written as "dynamic"
+#: (transformers' ntk_alpha reads head_dim, which the checkpoints set)
+HUNYUAN_ALPHA = {
+    "head_dim": 128,
+    "rope_parameters": {
+        "rope_type": "dynamic",
+        "alpha": 1000.0,
+        "factor": 1.0,
+        "beta_fast": 32,
+        "beta_slow": 1,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+        "rope_theta": 10000.0,
+    },
+}
 # default configs that do not describe a buildable model: the fields of a real checkpoint,
 # by case id or by family (every case of it)
 CONFIG_FIELDS = {
+    **dict.fromkeys(("hunyuan_v1_dense", "hunyuan_v1_moe"), HUNYUAN_ALPHA),
     "glm4_moe": {"head_dim": 128},  # GLM-4.5: 4096 / 96 heads is not its head dim
     "esm": {"position_embedding_type": "rotary"},  # ESM-2 (the default is absolute)
     # Granite 4 hybrid: the default is all Mamba layers (no attention to rotate); one of each

@@ -23,7 +23,7 @@ import torch
 
 import posenc
 from conftest import tolerances
-from posenc import MRoPE, NoPE
+from posenc import MRoPE, NoPE, NTKAlphaScaling
 from posenc.encodings.rotary.mrope_xd import XDRoPE
 from posenc.reference import rope_frequencies
 from posenc.reference import rope_schemes as ref
@@ -293,7 +293,10 @@ def test_hunyuan_reads_the_checkpoint_rope_dict():
     }  # fmt: skip
     enc = posenc.from_hf_config(_text("hunyuan_vl_text", rope, head_dim=128))
     assert isinstance(enc, XDRoPE) and enc.sections == (16, 16, 16, 16)
-    assert enc.rope.base == pytest.approx(1e4 * 1000.0 ** (128 / 126), rel=1e-12)
+    assert enc.rope.scaling == NTKAlphaScaling(1000.0)  # base 1e4 * 1000 ** (128 / 126)
+    want = rope_frequencies(128, 1e4 * 1000.0 ** (128 / 126))
+    got = enc.rope.inv_freq
+    torch.testing.assert_close(got, torch.from_numpy(want), **tolerances(torch.float64, ops=256))
     plain = posenc.from_hf_config(
         _text("hunyuan_vl_text", {"rope_theta": 1e4, "mrope_section": [16, 16, 32]})
     )

@@ -239,7 +239,17 @@ def test_dict_theta_and_partial_rotary():
 
 
 def test_scaling_types_and_frozen():
-    known = {"default", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope", "proportional"}
+    known = {
+        "default",
+        "linear",
+        "ntk",
+        "ntk_alpha",
+        "dynamic",
+        "yarn",
+        "llama3",
+        "longrope",
+        "proportional",
+    }
     assert set(posenc.scaling_types()) == known
     with pytest.raises(dataclasses.FrozenInstanceError):
         LinearScaling(2.0).factor = 3.0  # type: ignore[misc]

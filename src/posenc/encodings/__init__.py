@@ -44,6 +44,7 @@ from posenc.encodings.rotary.lie import ComRoPE, LieRE, lie_rotation
 from posenc.encodings.rotary.mla import MLARope
 from posenc.encodings.rotary.module import FrequencyChange, RotaryEmbedding
 from posenc.encodings.rotary.mrope import MRoPE, mrope_decode_positions, mrope_position_ids
+from posenc.encodings.rotary.ntk_alpha import NTKAlphaScaling
 from posenc.encodings.rotary.p_rope import PRoPE
 from posenc.encodings.rotary.proportional import ProportionalScaling
 from posenc.encodings.rotary.scaling import (
@@ -89,6 +90,7 @@ __all__ = [
     "LongRopeScaling",
     "MLARope",
     "MRoPE",
+    "NTKAlphaScaling",
     "NTKScaling",
     "NoPE",
     "PRoPE",

@@ -13,6 +13,8 @@ Shapes: ``D`` head_dim, ``R`` rotary dim. The fields read, as transformers reads
 * ``rope_theta`` (inside the dict in v5; GPT-NeoX: ``rotary_emb_base``), default 10000;
 * ``partial_rotary_factor`` (GPT-NeoX: ``rotary_pct``): ``R = int(D * factor)``; GPT-J and
   CodeGen: ``R = rotary_dim``;
+* HunYuan (``Family.ntk_alpha``): ``dynamic`` with an ``alpha`` is the fixed NTK-alpha base
+  (rope type ``ntk_alpha``), whatever the dict's ``factor``;
 * ``max_position_embeddings``: the dynamic-NTK original length, and the default of
   ``original_max_position_embeddings`` (yarn, llama3, longrope), whose top-level value
   takes priority over the dict's (Phi-3); yarn/longrope without ``factor`` use
@@ -30,6 +32,7 @@ from typing import Any
 
 from posenc._checks import check_bool, check_int
 from posenc.encodings.rotary.module import RotaryEmbedding
+from posenc.encodings.rotary.ntk_alpha import ntk_alpha_parameters
 from posenc.encodings.rotary.scaling import DEFAULT_BASE, RopeScaling, resolve_scaling
 from posenc.hf import normalize
 from posenc.hf.families import FAMILIES, Family, check_position_fields, family
@@ -238,6 +241,8 @@ def parse_hf_rope_config(config: object, *, layer_type: str | None = None) -> HF
         cfg.get("partial_rotary_factor"),
         cfg.get("rotary_pct"),
     )
+    if fam.ntk_alpha:  # HunYuan: "dynamic" with an alpha is a fixed NTK base
+        params = ntk_alpha_parameters(params) or params
     rope_type = _first(params.get("rope_type"), params.get("type"), "default")
     if rope_type in ("yarn", "llama3", "longrope", "su"):
         original = _first(cfg.get(_ORIGINAL), params.get(_ORIGINAL))

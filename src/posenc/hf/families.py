@@ -26,7 +26,9 @@ Shapes: ``D`` head_dim, ``R`` rotary dim. One ``Family`` per ``model_type`` says
 * ``fields``: the family's own position fields that posenc reads. Any other config field
   whose name mentions rope/rotary/positions with a value set raises ``ValueError``;
 * ``clockwise``: pairs rotate by ``-theta`` (NanoChat's ``rotate_half`` flips the signs;
-  ``RotaryEmbedding(clockwise=True)``).
+  ``RotaryEmbedding(clockwise=True)``);
+* ``ntk_alpha``: a ``dynamic`` rope type with an ``alpha`` is HunYuan's fixed NTK-alpha
+  base (``posenc.encodings.rotary.ntk_alpha``), as the family's rotary module reads it.
 
 ``FAMILIES`` is the table; ``family(model_type)`` looks it up and names the way out (pass
 the layout explicitly to ``posenc.RotaryEmbedding``) for a ``model_type`` it lacks.
@@ -60,9 +62,11 @@ class Family:
     layers: str | None = None
     fields: frozenset[str] = frozenset()
     clockwise: bool = False
+    ntk_alpha: bool = False
 
     def __post_init__(self) -> None:
         check_bool("clockwise", self.clockwise)
+        check_bool("ntk_alpha", self.ntk_alpha)
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
 
@@ -78,6 +82,8 @@ class Family:
             parts.append(self.layers)
         if self.clockwise:
             parts.append("clockwise")
+        if self.ntk_alpha:
+            parts.append("ntk_alpha")
         return ", ".join(parts)
 
 
@@ -103,7 +109,7 @@ doge dots1 dots3_note_audio_encoder eurobert falcon apertus1p5_text
 falcon_h1 flex_olmo lara_mini gemma gemma2 gpt_neox gpt_neox_japanese gradium_phonon_tts
 granite
 granite4_vision_text granite_docling_text granitemoe granitemoehybrid granitemoeshared gte
-higgs_audio_v2 hrm_text hunyuan_v1_dense hunyuan_v1_moe hy_v3 hyperclovax idefics jais2
+higgs_audio_v2 hrm_text hy_v3 hyperclovax idefics jais2
 jina_embeddings_v3 exaone internlm3 iquestcoder sarvam_moe kyutai_speech_to_text laguna
 lasr_encoder lfm2 lfm2_moe llama
 mellum mimi mimo_v2_flash minimax minimax_m2 ministral mistral mixtral mllama_text_model
@@ -230,6 +236,7 @@ FAMILIES: dict[str, Family] = {
     "esm": Family(fields=frozenset({"position_embedding_type"})),
     "deepseek_v4": Family(scheme="deepseek_v4"),
     "nanochat": Family(clockwise=True),  # rotate_half with flipped signs: by -theta
+    **dict.fromkeys(("hunyuan_v1_dense", "hunyuan_v1_moe"), Family(ntk_alpha=True)),
     "evolla": Family(fields=frozenset({"position_embedding_type"})),
 }
 

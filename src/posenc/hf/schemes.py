@@ -88,6 +88,7 @@ from posenc.encodings.rotary.mla import MLARope
 from posenc.encodings.rotary.module import RotaryEmbedding
 from posenc.encodings.rotary.mrope import MRoPE, _sections
 from posenc.encodings.rotary.mrope_xd import XDRoPE
+from posenc.encodings.rotary.ntk_alpha import NTKAlphaScaling, ntk_alpha_parameters
 from posenc.encodings.rotary.scaling import DEFAULT_BASE
 from posenc.encodings.rotary.temperature import PositionTemperature
 from posenc.encodings.rotary.trailing import TrailingRope
@@ -260,14 +261,10 @@ def _ernie_mrope(cfg: Mapping[str, Any], layer_type: str | None, layer_idx: int 
     return MRoPE(head_dim, base=base, interleaved=True, pair_axes=axes)
 
 
-# keys of HunYuan's "xdrope" / "dynamic" + alpha dict that its ntk_alpha frequencies never read
-_NTK_ALPHA_UNREAD = ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "factor")
-
-
 def _hunyuan_xdrope(cfg: Mapping[str, Any], layer_type: str | None, layer_idx: int | None):
     """HunYuan-VL: XD-RoPE over ``mrope_section`` (legacy ``xdrope_section``) axes; the
-    checkpoints' ``type: "xdrope"`` (transformers: ``dynamic``) with ``alpha`` is a fixed
-    NTK base ``rope_theta * alpha ** (D / (D - 2))``."""
+    checkpoints' ``type: "xdrope"`` (transformers: ``dynamic``) with ``alpha`` is the fixed
+    NTK-alpha base ``rope_theta * alpha ** (D / (D - 2))`` (``NTKAlphaScaling``)."""
     layer = _mrope_layer(cfg, layer_type, layer_idx)
     if layer is None:
         return NoPE()
@@ -281,19 +278,18 @@ def _hunyuan_xdrope(cfg: Mapping[str, Any], layer_type: str | None, layer_idx: i
             "HunYuan-VL's rotary needs one mrope_section (or xdrope_section) over the whole "
             f"head, got mrope_section / xdrope_section {legacy!r}, rotary_dim={rotary_dim}"
         )
-    kind = params.pop("rope_type", params.pop("type", "default"))
     base = params.pop("rope_theta")
-    if kind in ("xdrope", "dynamic") and params.get("alpha"):
-        base = base * params.pop("alpha") ** (head_dim / (head_dim - 2))
-        for key in _NTK_ALPHA_UNREAD:
-            params.pop(key, None)
-        kind = "default"
-    if kind != "default" or params:
+    if params.get("rope_type", params.get("type")) == "xdrope":  # transformers: "dynamic"
+        params = {**params, "rope_type": "dynamic"}
+    params = ntk_alpha_parameters(params) or params
+    kind = params.pop("rope_type", params.pop("type", "default"))
+    scaling = NTKAlphaScaling(params.pop("alpha")) if kind == "ntk_alpha" else None
+    if kind not in ("default", "ntk_alpha") or params:
         raise ValueError(
             f"HunYuan-VL's XD-RoPE takes the default or the alpha (NTK) frequencies, got "
             f"rope_type={kind!r} with {sorted(params)}"
         )
-    return XDRoPE(head_dim, sections=sections, base=base)
+    return XDRoPE(head_dim, sections=sections, base=base, scaling=scaling)
 
 
 def _neomme_mrope(cfg: Mapping[str, Any], layer_type: str | None, layer_idx: int | None):

@@ -46,6 +46,7 @@ __all__ = [
     "dynamic_ntk_inv_freq",
     "llama3_inv_freq",
     "longrope_inv_freq",
+    "ntk_base",
     "ntk_inv_freq",
     "yarn_attention_scale",
     "yarn_correction_range",
@@ -86,7 +87,12 @@ class DynamicNTKScaling(RopeScaling):
         check_int("dynamic original_max_position_embeddings", self.original_max_position_embeddings)
 
 
-def _ntk_base(dim: int, base: float, stretch: float, rope_type: str) -> float:
+def ntk_base(dim: int, base: float, stretch: float, rope_type: str) -> float:
+    """The NTK-aware base ``base * stretch ** (R / (R - 2))`` of rotary dim ``R = dim``.
+
+    Raises:
+        ValueError: ``dim < 4`` (named with ``rope_type``).
+    """
     if dim < 4:
         raise ValueError(f"{rope_type} scaling needs a rotary dim >= 4, got {dim}")
     return base * stretch ** (dim / (dim - 2))
@@ -97,7 +103,7 @@ def ntk_inv_freq(
     dim: int, base: float, params: NTKScaling, *, seq_len: int | None = None
 ) -> tuple[Tensor, float]:
     """Static NTK-aware: the lowest frequency is divided by ``factor``, the highest kept."""
-    return base_inv_freq(dim, _ntk_base(dim, base, params.factor, "ntk")), 1.0
+    return base_inv_freq(dim, ntk_base(dim, base, params.factor, "ntk")), 1.0
 
 
 @register_scaling(DynamicNTKScaling)
@@ -108,7 +114,7 @@ def dynamic_ntk_inv_freq(
     original = params.original_max_position_embeddings
     n = original if seq_len is None else max(check_int("seq_len", seq_len), original)
     stretch = params.factor * n / original - (params.factor - 1.0)
-    return base_inv_freq(dim, _ntk_base(dim, base, stretch, "dynamic")), 1.0
+    return base_inv_freq(dim, ntk_base(dim, base, stretch, "dynamic")), 1.0
 
 
 @dataclass(frozen=True)
