@@ -196,7 +196,7 @@ def test_bad_max_steps_is_one_line_and_exit_2(tmp_path, capsys, options, message
 
 def test_max_steps_with_text_is_refused(tmp_path, capsys):
     assert cli.main(["lab", "--max-steps", "600", "--out", str(tmp_path)]) == 2
-    message = "--max-steps applies to synthetic tasks only"
+    message = "--max-steps applies to synthetic tasks and to text with --plateau"
     err = capsys.readouterr().err.strip()
     assert err.startswith("posenc: error:") and message in err and len(err.splitlines()) == 1
 

@@ -38,6 +38,12 @@ FLAGS = {
     "dynamic_factor": "--dynamic-factor",
     "t5_max_distance": "--t5-max-distance",
     "learned_beyond": "--learned-beyond",
+    "val_every": "--val-every",
+    "val_tokens": "--val-tokens",
+    "plateau": "--plateau",
+    "plateau_eps": "--plateau-eps",
+    "profile": "--profile",
+    "passkey_key_len": "--passkey-key-len",
 }
 
 #: Default evaluation lengths as multiples of the training length.
@@ -61,7 +67,14 @@ def _names(values: list[object]) -> tuple[str, ...]:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from posenc.lab.config import DEFAULT_ENCODINGS, LEARNED, LabConfig, quick_defaults
+    from posenc.lab.config import (
+        DEFAULT_ENCODINGS,
+        LEARNED,
+        PROFILES,
+        LabConfig,
+        quick_defaults,
+        thorough_defaults,
+    )
     from posenc.lab.precision import PRECISIONS
 
     p = sub.add_parser(
@@ -130,6 +143,46 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="tasks: train on past --steps, in rounds, until exact match at the training "
         f"length reaches {100 * LEARNED:g}%% on held-out examples, at most N steps "
         "(default 4 x --steps)",
+    )
+    thorough = thorough_defaults("lm")
+    p.add_argument(
+        "--profile",
+        choices=PROFILES,
+        help="'default': the fixed budget (under 10 minutes on 2 cores); 'thorough': text "
+        f"trains {thorough['steps']} steps, then until the validation loss plateaus, at most "
+        f"{thorough['max_steps']} (several times the default's cost)",
+    )
+    p.add_argument(
+        "--val-every",
+        type=int,
+        metavar="N",
+        help="validation loss every N steps, on text taken out of the training text "
+        f"(default: off; thorough {thorough['val_every']})",
+    )
+    p.add_argument(
+        "--val-tokens",
+        type=int,
+        metavar="N",
+        help=f"tokens of the validation set (default {LabConfig.val_tokens})",
+    )
+    p.add_argument(
+        "--plateau",
+        type=int,
+        metavar="W",
+        help="text: past --steps, train until the last W validation losses improve on the "
+        f"best before them by at most --plateau-eps (default: off; thorough {thorough['plateau']})",
+    )
+    p.add_argument(
+        "--plateau-eps",
+        type=float,
+        metavar="E",
+        help=f"relative improvement of the plateau rule (default {LabConfig.plateau_eps})",
+    )
+    p.add_argument(
+        "--passkey-key-len",
+        type=int,
+        metavar="N",
+        help=f"digits of the passkey (default {LabConfig.passkey_key_len})",
     )
     p.add_argument(
         "--eval-stride",
@@ -225,16 +278,27 @@ def _seeds(args: argparse.Namespace, count: int) -> tuple[int, ...] | None:
 
 def config_from_args(args: argparse.Namespace):
     """The ``LabConfig`` the options describe (presets, then explicit options)."""
-    from posenc.lab.config import DEFAULT_SEEDS, LabConfig, quick_defaults, resolve_encodings
+    from posenc.lab.config import (
+        DEFAULT_SEEDS,
+        LabConfig,
+        quick_defaults,
+        resolve_encodings,
+        thorough_defaults,
+    )
 
     task = args.task or "lm"
     values: dict[str, object] = {"task": task}
+    if args.quick and args.profile == "thorough":
+        raise UsageError("lab: --quick and --profile thorough exclude each other")
     if args.quick:
         values.update(quick_defaults(task))
+    if args.profile == "thorough":
+        values.update(thorough_defaults(task))
     keys = ("corpus", "train_len", "steps", "max_steps", "batch_size", "lr", "warmup", "d_model",
             "num_layers", "num_heads", "eval_tokens", "eval_examples", "eval_stride",
             "precision", "finetune_steps", "finetune_len", "learned_beyond", "dynamic_factor",
-            "t5_max_distance")  # fmt: skip
+            "t5_max_distance", "val_every", "val_tokens", "plateau", "plateau_eps",
+            "passkey_key_len")  # fmt: skip
     values.update({key: getattr(args, key) for key in keys if getattr(args, key) is not None})
     if args.encodings:
         from posenc.base import available

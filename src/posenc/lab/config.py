@@ -22,8 +22,13 @@ The baselines are configured as their papers and Hugging Face transformers defin
 * learned tables start as GPT-2's, N(0, 0.02^2), from the encoding's own random stream
   (``posenc.lab.model.seeded_model``), and the interpolating learned row is part of the
   default sweep;
-* YaRN's betas follow the training length, with transformers' defaults as a row, and
-  dynamic NTK is also scored as decoded (``posenc.lab.variants``).
+* YaRN's betas and NTK-aware's alpha follow the training length, with transformers'
+  defaults as rows, and dynamic NTK is also scored as decoded (``posenc.lab.variants``).
+
+Text trains for exactly ``steps`` unless ``plateau`` is set: then it goes on past
+``steps`` at the schedule's floor rate until the validation loss (``val_every``,
+``val_tokens``; ``posenc.lab.plateau``) plateaus, or ``max_steps``. ``--profile
+thorough`` (``thorough_defaults``) sets those; the default profile is the fixed budget.
 
 The arithmetic is ``precision``: ``"auto"`` (the default) is bfloat16 mixed precision
 where the hardware has bfloat16 arithmetic and float32 elsewhere (``posenc.lab.precision``
@@ -40,18 +45,21 @@ from dataclasses import dataclass, field
 from posenc._checks import check_float, check_int, check_probability
 from posenc.base import available, info
 from posenc.lab.precision import check_precision
+from posenc.lab.tasks import KEY_LEN
 
 __all__ = [
     "DEFAULT_ENCODINGS",
     "DEFAULT_SEEDS",
     "LEARNED",
     "LIMITS",
+    "PROFILES",
     "QUICK_ENCODINGS",
     "SCALINGS",
     "TASKS",
     "LabConfig",
     "quick_defaults",
     "resolve_encodings",
+    "thorough_defaults",
 ]
 
 #: The encodings swept when ``--encodings`` is not given.
@@ -69,7 +77,7 @@ LIMITS = {
     "num_layers": 64, "num_heads": 256, "d_model": 8192,
     "batch_size": 1 << 16, "train_len": 1 << 20, "evaluation length": 1 << 20,
     "finetune_len": 1 << 20, "steps": 10**7, "max_steps": 10**7, "finetune_steps": 10**7,
-    "eval_tokens": 10**9, "eval_examples": 10**6,
+    "eval_tokens": 10**9, "eval_examples": 10**6, "val_tokens": 10**8,
 }  # fmt: skip
 
 
@@ -91,6 +99,8 @@ TASKS = ("lm", "copy", "reverse", "recall", "passkey")
 _BEYOND = ("error", "interpolate")
 #: In-distribution exact match a synthetic task needs to count as learned.
 LEARNED = 0.9
+#: ``--profile`` values: the fixed budget, or longer training with plateau stopping.
+PROFILES = ("default", "thorough")
 
 
 @dataclass(frozen=True)
@@ -103,9 +113,10 @@ class LabConfig:
         corpus: a UTF-8 text file or folder; ``None`` means the standard library sources.
         train_len: training window length in tokens.
         eval_lens: evaluation lengths, each ``>= train_len``.
-        steps: optimizer steps per model (synthetic tasks: at least this many).
-        max_steps: synthetic tasks only: the cap on training in rounds past ``steps``
-            until the task is learned (``None``: ``4 * steps``; see ``step_cap``).
+        steps: optimizer steps per model (synthetic tasks, and text with ``plateau``:
+            at least this many).
+        max_steps: the cap on training past ``steps``, until a task is learned or the
+            validation loss plateaus (``None``: ``4 * steps``; see ``step_cap``).
         batch_size: windows per step (the global batch, split across processes).
         lr: peak AdamW learning rate (linear warmup, then cosine decay to ``lr / 10``).
         warmup: warmup steps.
@@ -127,8 +138,16 @@ class LabConfig:
         scalings: rotary scalings evaluated at longer lengths without training.
         dynamic_factor: dynamic NTK's own ``factor`` hyperparameter.
         t5_max_distance: T5's ``max_distance`` (``None``: ``train_len``).
+        val_every: validation loss every this many steps (``None``: none).
+        val_tokens: tokens of the validation set (``posenc.lab.plateau``).
+        plateau: text only: stop past ``steps`` once the last ``plateau`` validation
+            losses improve on the best before them by no more than ``plateau_eps``
+            (relative); ``None``: train exactly ``steps``.
+        plateau_eps: that relative improvement.
+        passkey_key_len: digits of the passkey (``posenc.lab.tasks``).
         seeds: one run per encoding and seed (initialisation and data order).
         quick: whether the ``--quick`` smoke-test presets were used (recorded and labelled).
+        profile: the ``--profile`` whose presets were used (recorded).
     """
 
     encodings: tuple[str, ...] = DEFAULT_ENCODINGS
@@ -156,8 +175,14 @@ class LabConfig:
     scalings: tuple[str, ...] = SCALINGS
     dynamic_factor: float = 2.0
     t5_max_distance: int | None = None
+    val_every: int | None = None
+    val_tokens: int = 16384
+    plateau: int | None = None
+    plateau_eps: float = 0.005
+    passkey_key_len: int = KEY_LEN
     seeds: tuple[int, ...] = DEFAULT_SEEDS
     quick: bool = field(default=False, compare=False)
+    profile: str = field(default="default", compare=False)
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -172,11 +197,12 @@ class LabConfig:
         for name in ("eval_tokens", "eval_examples"):
             check_limit(name, check_int(name, getattr(self, name)))
         check_int("warmup", self.warmup, minimum=0)
+        self._check_validation()
         if self.max_steps is not None:
-            if self.task == "lm":
+            if self.task == "lm" and self.plateau is None:
                 raise ValueError(
-                    "max_steps applies to synthetic tasks only (text trains for --steps); "
-                    f"got max_steps={self.max_steps} with task 'lm'"
+                    "max_steps applies to synthetic tasks and to text with --plateau (text "
+                    f"trains for --steps otherwise); got max_steps={self.max_steps} with task 'lm'"
                 )
             check_limit("max_steps", check_int("max_steps", self.max_steps, minimum=self.steps))
         check_limit("finetune_steps", check_int("finetune_steps", self.finetune_steps, minimum=0))
@@ -244,6 +270,28 @@ class LabConfig:
                     f"it does not divide {uneven[0]}"
                 )
 
+    def _check_validation(self) -> None:
+        if self.profile not in PROFILES:
+            raise ValueError(f"profile must be one of {', '.join(PROFILES)}, got {self.profile!r}")
+        check_limit("val_tokens", check_int("val_tokens", self.val_tokens))
+        check_int("passkey_key_len", self.passkey_key_len)
+        check_probability("plateau_eps", self.plateau_eps)
+        if self.val_every is not None:
+            check_int("val_every", self.val_every)
+        if self.plateau is None:
+            return
+        check_int("plateau", self.plateau)
+        if self.task != "lm":
+            raise ValueError(
+                f"plateau applies to text only (a task trains until learned), got task "
+                f"{self.task!r}"
+            )
+        if self.val_every is None or self.steps % self.val_every:
+            raise ValueError(
+                f"plateau needs val_every dividing steps (the checks follow the validations); "
+                f"got val_every={self.val_every}, steps={self.steps}"
+            )
+
     @property
     def head_dim(self) -> int:
         return self.d_model // self.num_heads
@@ -255,9 +303,11 @@ class LabConfig:
 
     @property
     def step_cap(self) -> int | None:
-        """Synthetic tasks: the most steps a model trains for (``max_steps`` or ``4 *
-        steps``); text: ``None``, it trains for exactly ``steps``."""
-        return None if self.task == "lm" else self.max_steps or 4 * self.steps
+        """Synthetic tasks and text with ``plateau``: the most steps a model trains for
+        (``max_steps`` or ``4 * steps``); text otherwise: ``None``, exactly ``steps``."""
+        if self.task == "lm" and self.plateau is None:
+            return None
+        return self.max_steps or 4 * self.steps
 
     @property
     def t5_distance(self) -> int:
@@ -272,12 +322,17 @@ class LabConfig:
     def identity(self, corpus_sha256: str | None) -> dict[str, object]:
         """The fields a resumed sweep must share, with the corpus hash."""
         kept = self.to_dict()
-        for key in ("encodings", "seeds", "quick", "corpus"):
+        for key in ("encodings", "seeds", "quick", "corpus", "profile"):
             kept.pop(key)
         kept["corpus_sha256"] = corpus_sha256
         kept.pop("max_steps")
-        if self.task != "lm":
+        if self.step_cap is not None:
             kept["max_steps"] = self.step_cap  # the default and its value are one sweep
+        if self.task != "passkey":
+            kept.pop("passkey_key_len")
+        if self.val_every is None and self.plateau is None:  # as before validation existed
+            for key in ("val_every", "val_tokens", "plateau", "plateau_eps"):
+                kept.pop(key)
         return kept
 
     def identity_hash(self, corpus_sha256: str | None) -> str:
@@ -307,6 +362,23 @@ def quick_defaults(task: str) -> dict[str, object]:
         "finetune_steps": 0,
         "seeds": (0,),
         "quick": True,
+    }
+
+
+def thorough_defaults(task: str) -> dict[str, object]:
+    """The ``--profile thorough`` presets: text trains at least 600 steps (the cosine
+    schedule), then on at the floor rate until the validation loss (16384 bytes, every 50
+    steps) has not improved by more than 0.5 % over 4 validations, at most 2400 steps;
+    tasks keep their stopping rule with a cap of 4800 steps and a validation curve."""
+    if task != "lm":
+        return {"max_steps": 4800, "val_every": 75, "profile": "thorough"}
+    return {
+        "steps": 600,
+        "max_steps": 2400,
+        "val_every": 50,
+        "plateau": 4,
+        "plateau_eps": 0.005,
+        "profile": "thorough",
     }
 
 

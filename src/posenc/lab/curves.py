@@ -1,12 +1,15 @@
-"""Learning curves: the training loss of each encoding against the step, and how much it
-was still falling when the budget ran out.
+"""Learning curves: the training (and validation) loss of each encoding against the step,
+how much it was still falling when the budget ran out, and why each run stopped.
 
 Each run records its training loss at up to 50 steps (``posenc.lab.train``, the loss of
 that step's batch). ``learning.png`` draws the mean over seeds per encoding; the report
 states the budget and, per encoding, the *late slope*: the least-squares slope of the
 loss over the last third of the recorded steps, in nats per 100 steps, mean over seeds.
 A clearly negative slope means the run was still learning, so a ranking at the training
-length also measures how fast each encoding learns, not only where it ends.
+length also measures how fast each encoding learns, not only where it ends. With a
+validation set (``--val-every``, ``--profile thorough``) the figure gets a second panel,
+the validation loss per encoding (mean over seeds at the steps every seed reached), and
+``stop_sentence`` says per run whether it stopped at a plateau or at the budget.
 """
 
 from __future__ import annotations
@@ -19,7 +22,15 @@ import numpy as np
 from posenc.lab.results import write_bytes
 from posenc.palette import styles
 
-__all__ = ["LEARNING", "STILL", "budget_sentence", "curves", "draw_learning", "late_slope"]
+__all__ = [
+    "LEARNING",
+    "STILL",
+    "budget_sentence",
+    "curves",
+    "draw_learning",
+    "late_slope",
+    "stop_sentence",
+]
 
 #: The file name of the figure.
 LEARNING = "learning.png"
@@ -27,11 +38,13 @@ LEARNING = "learning.png"
 STILL = 0.01
 
 
-def curves(results: dict) -> dict[str, list[list[tuple[int, float]]]]:
-    """``{encoding: [curve of each finished seed]}``, each curve ``[(step, loss)]``."""
+def curves(results: dict, *, validation: bool = False) -> dict[str, list[list[tuple[int, float]]]]:
+    """``{encoding: [curve of each finished seed]}``, each curve ``[(step, loss)]``: the
+    training loss, or with ``validation`` the validation loss (runs that measured it)."""
     out: dict[str, list[list[tuple[int, float]]]] = {}
     for run in results["runs"]:
-        curve = (run.get("train") or {}).get("curve") if run["status"] == "ok" else None
+        train = (run.get("train") or {}) if run["status"] == "ok" else {}
+        curve = (train.get("validation") or {}).get("curve") if validation else train.get("curve")
         if curve:
             out.setdefault(run["encoding"], []).append([(int(s), float(v)) for s, v in curve])
     return out
@@ -58,11 +71,16 @@ def budget_sentence(results: dict) -> str | None:
     if not slopes:
         return None
     config = results["config"]
-    stop = (
-        f"a fixed budget of {config['steps']} steps (no plateau stopping)"
-        if config["task"] == "lm"
-        else f"until learned, at most {config.get('max_steps') or 4 * config['steps']} steps"
-    )
+    cap = config.get("max_steps") or 4 * config["steps"]
+    if config["task"] != "lm":
+        stop = f"until learned, at most {cap} steps"
+    elif config.get("plateau"):
+        stop = (
+            f"at least {config['steps']} steps, then until the validation loss plateaus, "
+            f"at most {cap}"
+        )
+    else:
+        stop = f"a fixed budget of {config['steps']} steps (no plateau stopping)"
     each = ", ".join(f"{name} {round(slope, 3) + 0.0:+.3f}" for name, slope in slopes.items())
     still = sum(s < -STILL for s in slopes.values())
     return (
@@ -73,25 +91,63 @@ def budget_sentence(results: dict) -> str | None:
     )
 
 
+def stop_sentence(results: dict) -> str | None:
+    """Why each run stopped (plateau, learned or budget) and its validation set, for
+    runs that trained past ``steps`` or measured a validation loss (``None`` otherwise)."""
+    runs = [r for r in results["runs"] if r["status"] == "ok" and "stop" in r.get("train", {})]
+    config = results["config"]
+    if not runs or (config.get("val_every") is None and config.get("plateau") is None):
+        return None
+    data = results.get("data", {}).get("validation")
+    where = (
+        f"{data['tokens']} tokens of the training text taken out before training, never the "
+        "evaluation text"
+        if data
+        else f"{runs[0]['train'].get('validation', {}).get('tokens', 0)} tokens of task examples "
+        "of their own stream"
+    )
+    sentence = f"Validation loss every {config['val_every']} steps on {where}."
+    if config.get("plateau"):
+        sentence += (
+            f" Plateau rule: stop past step {config['steps']} once the best of the last "
+            f"{config['plateau']} validation losses is not below {1 - config['plateau_eps']:g} "
+            "times the best before them (patience-based early stopping, Goodfellow et al. "
+            "2016, algorithm 7.1; window and threshold are the lab's choice)."
+        )
+    each = ", ".join(
+        f"{r['encoding']} s{r['seed']} {r['train']['stop']} at {r['train']['steps']}" for r in runs
+    )
+    return sentence + f" Stopped (per run): {each}."
+
+
 def draw_learning(results: dict, out: Path, plt) -> Path | None:
-    """Draw ``learning.png`` (mean training loss over seeds per encoding) into ``out``."""
+    """Draw ``learning.png`` (mean training loss over seeds per encoding; beside it the
+    validation loss when measured) into ``out``."""
     found = curves(results)
     if not found:
         return None
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    held = curves(results, validation=True)
+    fig, axes = plt.subplots(1, 2 if held else 1, figsize=(12 if held else 7, 4.5), squeeze=False)
     looks = styles(found)  # a colour and a marker of its own per encoding
-    for name, each in found.items():
-        length = min(len(c) for c in each)
-        steps = [s for s, _ in each[0][:length]]
-        mean = np.mean([[v for _, v in c[:length]] for c in each], axis=0)
-        look = looks[name]
-        ax.plot(steps, mean, color=look.color, marker=look.marker, markevery=max(1, length // 8),
-                markersize=4, label=f"{name} ({len(each)} seeds)")  # fmt: skip
-    ax.set_xlabel("step")
-    ax.set_ylabel("training loss (nats per token)")
-    ax.set_title("Learning curves: mean over seeds")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
+    panels = [(found, "training loss (nats per token)", "Learning curves: mean over seeds")]
+    if held:
+        panels.append(
+            (held, "validation loss (nats per token)", "Validation loss: mean over seeds")
+        )
+    for ax, (each_curve, ylabel, title) in zip(axes[0], panels, strict=True):
+        for name, each in each_curve.items():
+            length = min(len(c) for c in each)
+            steps = [s for s, _ in each[0][:length]]
+            mean = np.mean([[v for _, v in c[:length]] for c in each], axis=0)
+            look = looks[name]
+            ax.plot(steps, mean, color=look.color, marker=look.marker,
+                    markevery=max(1, length // 8), markersize=4,
+                    label=f"{name} ({len(each)} seeds)")  # fmt: skip
+        ax.set_xlabel("step")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
     buffer = io.BytesIO()  # rendered in memory: a full disk is an OSError naming the file
     fig.savefig(buffer, format="png", bbox_inches="tight")
     plt.close(fig)

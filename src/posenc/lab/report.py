@@ -22,7 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 from posenc.lab import stats
-from posenc.lab.curves import budget_sentence
+from posenc.lab.curves import budget_sentence, stop_sentence
 from posenc.lab.pairwise import Comparison, cell_interval, compare_all, pairwise_lines, unit_rows
 from posenc.lab.plots import figure_names
 
@@ -266,7 +266,7 @@ def markdown(results: dict) -> str:
     precision = _precision(results)
     if precision is not None:
         lines.append(precision)
-    for sentence in (steps_to_learn(results), budget_sentence(results)):
+    for sentence in (steps_to_learn(results), budget_sentence(results), stop_sentence(results)):
         if sentence is not None:
             lines.append(sentence)
     if "sha256" in data:

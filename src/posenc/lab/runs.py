@@ -18,6 +18,14 @@ last check is below ``LEARNED`` is marked ``"learned": false`` and reported as s
 never as a result. After
 each round the training state is saved atomically to ``runs/<stem>.round.pt`` (removed
 when the run finishes), so an interrupted run resumes from its last round, bit for bit.
+
+With ``val_every`` the validation loss (``posenc.lab.plateau``) is measured every
+``val_every`` steps of the first training, in eval mode, without touching the training
+batches or weights (a task's numbers are those of a run without it; text trains on its
+training text less the validation blocks); text with
+``plateau`` trains past ``steps`` in rounds of ``val_every`` steps until the validation
+losses plateau or ``max_steps``. ``train.stop`` says why training ended: ``"fixed"``
+(exactly ``steps``), ``"plateau"``, ``"learned"`` or ``"budget"`` (the cap came first).
 """
 
 from __future__ import annotations
@@ -35,7 +43,9 @@ from torch import nn
 from posenc.lab.config import LEARNED, LabConfig
 from posenc.lab.distributed import Context
 from posenc.lab.model import TinyLM, seeded_model
+from posenc.lab.plateau import plateaued, validation_loss
 from posenc.lab.results import run_environment, write_bytes, write_weights
+from posenc.lab.tasks import IGNORE
 from posenc.lab.train import NonFiniteLoss, Until, train
 from posenc.lab.variants import Variant, build_encoding, is_rotary, variants
 from posenc.lab.workload import Workload
@@ -68,11 +78,18 @@ class Runner:
         self.config, self.work, self.context = config, work, context
         self.out, self.progress, self.identity = out, progress, identity
 
-    def _train(self, model: nn.Module, label: str, length: int, steps: int, seed: int, **opts):
+    def _train(self, model: nn.Module, label: str, length: int, steps: int, seed: int,
+               validate=None, **opts):  # fmt: skip
         config = self.config
         batch = max(1, config.batch_size * config.train_len // length)
         total = opts["until"].max_steps if opts.get("until") else steps
         task = self.progress.add_task(label, total=total, loss=float("nan"))
+
+        def on_step(step: int, loss: float) -> None:
+            self.progress.update(task, completed=step, loss=loss)
+            if validate is not None:
+                validate(step)
+
         return train(
             model,
             self.work.sampler(length, 2 * seed + (length != config.train_len)),
@@ -81,7 +98,7 @@ class Runner:
             weight_decay=config.weight_decay,
             context=self.context,
             dtype=self.work.dtype,
-            on_step=lambda step, loss: self.progress.update(task, completed=step, loss=loss),
+            on_step=on_step,
             **opts,
         )
 
@@ -167,15 +184,24 @@ class Runner:
     ) -> dict:
         config = self.config
         checks: list[list[float]] = []  # [step, exact match at the training length]
+        losses: list[list[float]] = []  # [step, validation loss]
+        held = self.work.validation(seed) if self.work.validation is not None else None
+
+        def validate(step: int) -> None:
+            if held is not None and step % config.val_every == 0:
+                losses.append([step, validation_loss(model, *held, dtype=self.work.dtype)])
 
         def check(step: int) -> bool:
+            if self.work.metric != "accuracy":  # text with a plateau rule
+                return _plateau(losses, config)
             score = self.work.evaluate(model, config.train_len, CHECK_STREAM + seed)
             checks.append([step, score["accuracy"]])
             return checks[-1][1] >= LEARNED
 
         def save(snapshot: dict) -> None:
             if self.context.is_main:
-                _write_round(rounds, {**snapshot, "checks": checks, "identity": self.identity})
+                kept = {"checks": checks, "validation": losses, "identity": self.identity}
+                _write_round(rounds, {**snapshot, **kept})
 
         stem = run_name(name, seed)
         rounds = self._rounds(name, seed)
@@ -183,7 +209,8 @@ class Runner:
         if config.step_cap is not None:
             resume = _read_round(rounds, self.identity)
             checks += resume["checks"] if resume else []
-            every = max(1, config.steps // ROUNDS)
+            losses += resume.get("validation", []) if resume else []
+            every = config.val_every if config.plateau else max(1, config.steps // ROUNDS)
             until = Until(check, config.step_cap, every, save=save, resume=resume)
         result = self._train(
             model,
@@ -191,6 +218,7 @@ class Runner:
             config.train_len,
             config.steps,
             seed,
+            validate,
             lr=config.lr,
             warmup=config.warmup,
             until=until,
@@ -204,14 +232,18 @@ class Runner:
             ),
             "final_loss": result.final_loss,
             "curve": result.curve,
+            "stop": _stop(config, result.steps, checks, losses),
         }
+        if held is not None:
+            record["train"]["validation"] = {
+                "every": config.val_every,
+                "tokens": int((held[1] != IGNORE).sum()),
+                "curve": losses,
+            }
         if until is not None:
-            record["train"].update(
-                max_steps=until.max_steps,
-                check_every=until.every,
-                learned_at=LEARNED,
-                checks=checks,
-            )
+            record["train"].update(max_steps=until.max_steps, check_every=until.every)
+            if self.work.metric == "accuracy":
+                record["train"].update(learned_at=LEARNED, checks=checks)
             if resume is not None:
                 record["train"]["resumed_from"] = resume["step"]
         if self.context.is_main:  # the trained weights, e.g. for `posenc show --table`
@@ -244,6 +276,19 @@ class Runner:
         if self.context.is_main:
             rounds.unlink(missing_ok=True)
         return record
+
+
+def _plateau(losses: list[list[float]], config: LabConfig) -> bool:
+    return plateaued([loss for _, loss in losses], config.plateau, config.plateau_eps)
+
+
+def _stop(config: LabConfig, steps: int, checks: list, losses: list) -> str:
+    """Why training ended: ``fixed``, ``plateau``, ``learned`` or ``budget``."""
+    if config.step_cap is None:
+        return "fixed"
+    if config.task != "lm":
+        return "learned" if checks and checks[-1][1] >= LEARNED else "budget"
+    return "plateau" if _plateau(losses, config) else "budget"
 
 
 def _write_round(path: Path, snapshot: dict) -> None:

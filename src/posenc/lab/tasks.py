@@ -9,9 +9,10 @@ answer token is the argmax (exact match, which is what greedy decoding would pro
 * ``reverse``: ``x_1 .. x_n | x_n .. x_1``;
 * ``recall`` (multi-query associative recall): ``k_1 v_1 .. k_n v_n |`` followed by
   ``min(n, 4)`` of the keys, each with its value to be recalled;
-* ``passkey`` (Mohtashami & Jaggi 2023, "Landmark Attention", section 4.2): a 5-digit
-  key ``K d_1 .. d_5`` hidden at a depth inside periodic filler, then ``Q`` and the key
-  to be retrieved. Evaluation places the key at ``DEPTHS`` of the window in turn.
+* ``passkey`` (Mohtashami & Jaggi 2023, "Landmark Attention", section 4.2): a key of
+  ``key_len`` digits ``K d_1 .. d_n`` (default ``KEY_LEN``) hidden at a depth inside
+  periodic filler, then ``Q`` and the key to be retrieved. Evaluation places the key at
+  ``DEPTHS`` of the window in turn.
 
 Training samples every size up to the training length (shorter examples are padded on
 the right, which a causal model never sees); evaluation at length ``T`` uses the largest
@@ -25,7 +26,7 @@ from torch import Tensor
 
 from posenc._checks import check_int
 
-__all__ = ["DEPTHS", "IGNORE", "TASK_NAMES", "Task"]
+__all__ = ["DEPTHS", "IGNORE", "KEY_LEN", "TASK_NAMES", "Task"]
 
 PAD, SEP = 0, 1
 #: Target value of tokens that are not scored (``F.cross_entropy``'s ``ignore_index``).
@@ -37,7 +38,9 @@ _QUERIES = 4
 TASK_NAMES = ("copy", "reverse", "recall", "passkey")
 #: Passkey: digits, filler period, and the depths (fractions of the filler before the key)
 #: evaluated in turn.
-_DIGITS, _FILLER, _KEY_LEN = 10, 6, 5
+_DIGITS, _FILLER = 10, 6
+#: Digits of the passkey by default.
+KEY_LEN = 5
 DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
@@ -47,16 +50,19 @@ class Task:
     Args:
         name: one of ``TASK_NAMES``.
         max_len: the longest length the task will be asked for (sizes recall's key set).
+        key_len: passkey only: the digits of the key.
 
     Raises:
-        ValueError: unknown ``name`` or a ``max_len`` too short for one example.
+        ValueError: unknown ``name``, a ``max_len`` too short for one example, or a
+            ``key_len`` below 1.
     """
 
-    def __init__(self, name: str, max_len: int) -> None:
+    def __init__(self, name: str, max_len: int, *, key_len: int = KEY_LEN) -> None:
         if name not in TASK_NAMES:
             raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(TASK_NAMES)}")
         self.name = name
         self.max_len = check_int("max_len", max_len, minimum=4)
+        self.key_len = check_int("key_len", key_len)
         self.num_keys = self.size(max_len) if name == "recall" else 0
 
     @property
@@ -68,7 +74,7 @@ class Task:
     def size(self, length: int) -> int:
         """The largest problem size whose input fits ``length`` tokens (passkey: filler)."""
         if self.name == "passkey":
-            return length + 1 - 2 * (_KEY_LEN + 1)
+            return length + 1 - 2 * (self.key_len + 1)
         if self.name != "recall":
             return length // 2
         return length // 2 - _QUERIES if length >= 4 * _QUERIES else length // 4
@@ -100,7 +106,7 @@ class Task:
 
     def _passkey(self, n: int, gen: torch.Generator, depth: float | None) -> tuple[Tensor, Tensor]:
         key_mark, query_mark = _FIRST + _DIGITS + _FILLER, _FIRST + _DIGITS + _FILLER + 1
-        digits = torch.randint(_FIRST, _FIRST + _DIGITS, (_KEY_LEN,), generator=gen)
+        digits = torch.randint(_FIRST, _FIRST + _DIGITS, (self.key_len,), generator=gen)
         filler = _FIRST + _DIGITS + torch.arange(n) % _FILLER
         if depth is None:
             before = int(torch.randint(0, n + 1, (1,), generator=gen))
@@ -110,7 +116,7 @@ class Task:
         query = torch.cat((torch.tensor([query_mark]), digits))
         seq = torch.cat((filler[:before], key, filler[before:], query))
         scored = torch.zeros(seq.numel() - 1, dtype=torch.bool)
-        scored[-_KEY_LEN:] = True  # Q d_1 .. d_4 predict d_1 .. d_5
+        scored[-self.key_len :] = True  # Q d_1 .. d_{n-1} predict d_1 .. d_n
         return seq[:-1], torch.where(scored, seq[1:], IGNORE)
 
     def batch(

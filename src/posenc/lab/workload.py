@@ -4,7 +4,9 @@ Kazemnejad et al. 2023, section 3; passkey retrieval, Mohtashami & Jaggi 2023).
 
 Shapes: ``B`` batch, ``T`` length. A ``Workload`` hands out samplers of global batches
 ``(inputs [B, T], targets [B, T])`` for a length and seed, and scores a model at one
-evaluation length.
+evaluation length. With ``val_every`` it also hands out the validation set of a seed
+(``posenc.lab.plateau``): text windows taken out of the training text, or task examples
+of their own stream.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from posenc.lab.config import LabConfig
 from posenc.lab.corpus import Corpus, load_corpus
 from posenc.lab.distributed import Context
 from posenc.lab.evaluate import accuracy, perplexity, segment_starts
+from posenc.lab.plateau import VAL_STREAM, split_validation
 from posenc.lab.precision import resolve_precision
 from posenc.lab.tasks import Task
 from posenc.lab.train import TaskStream, TextWindows
@@ -39,6 +42,7 @@ class Workload:
     sampler: Callable[[int, int], Sampler]  # (length, seed) -> global batches
     evaluate: Callable[[nn.Module, int, int], dict[str, object]]  # (model, length, seed)
     dtype: torch.dtype  # of the matrix products (``LabConfig.precision``)
+    validation: Callable[[int], tuple[torch.Tensor, torch.Tensor]] | None = None  # seed ->
 
 
 def make_workload(config: LabConfig, context: Context) -> Workload:
@@ -52,7 +56,8 @@ def make_workload(config: LabConfig, context: Context) -> Workload:
     longest = max(config.eval_lens)
     dtype = resolve_precision(config.precision, context.device)
     if config.task != "lm":
-        task = Task(config.task, longest)
+        task = Task(config.task, longest, key_len=config.passkey_key_len)
+        examples = max(1, config.val_tokens // config.train_len)
         return Workload(
             metric="accuracy",
             vocab_size=task.vocab_size,
@@ -69,6 +74,9 @@ def make_workload(config: LabConfig, context: Context) -> Workload:
                 dtype=dtype,
             ),
             dtype=dtype,
+            validation=None
+            if config.val_every is None
+            else lambda seed: TaskStream(task, config.train_len, VAL_STREAM + seed)(examples),
         )
     corpus = load_corpus(config.corpus)
     _text_score = _text_scores(config, context, dtype, corpus.heldout_bounds)
@@ -84,14 +92,30 @@ def make_workload(config: LabConfig, context: Context) -> Workload:
             f"the training part of corpus {corpus.source!r} has {corpus.train.numel()} bytes, "
             f"too few for windows of --train-len {config.train_len}"
         )
+    data = {**corpus.describe(), "segments": _segments(corpus, longest, config.eval_tokens)}
+    train, validation = corpus.train, None
+    if config.val_every is not None:
+        train, windows = split_validation(corpus.train, config.val_tokens, config.train_len)
+        pair = (windows[:, :-1], windows[:, 1:])  # [N, T] inputs and next-byte targets
+
+        def validation(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+            return pair  # one set for every seed
+
+        data["validation"] = {
+            "source": "training text, taken out before training",
+            "bytes": int(corpus.train.numel() - train.numel()),
+            "tokens": int(pair[1].numel()),
+            "windows": int(windows.shape[0]),
+        }
     return Workload(
         metric="ppl",
         vocab_size=256,
-        data={**corpus.describe(), "segments": _segments(corpus, longest, config.eval_tokens)},
+        data=data,
         sha256=corpus.sha256,
-        sampler=lambda length, seed: TextWindows(corpus.train, length, seed),
+        sampler=lambda length, seed: TextWindows(train, length, seed),
         evaluate=lambda model, length, seed: _text_score(model, corpus.heldout, length),
         dtype=dtype,
+        validation=validation,
     )
 
 
