@@ -31,24 +31,25 @@ def _qk(dtype=torch.float64, *, seed=0, kv_heads=2):
 
 
 def _reference(enc, x, positions):
-    theta = enc.inv_freq.numpy()
-    cos_coef, sin_coef = (c.detach().double().numpy() for c in (enc.cos_coef, enc.sin_coef))
-    rows = [
-        ref.fope_transform(
-            x[b].double().numpy(), positions[b] if positions.dim() == 2 else positions,
-            theta, cos_coef, sin_coef, interleaved=enc.interleaved,
-        )
-        for b in range(x.shape[0])
-    ]  # fmt: skip
+    coefs = [c.detach().double().numpy() for c in (enc.cos_coef, enc.sin_coef)]
+    options = {"clipped_sin": enc.clipped_sin, "interleaved": enc.interleaved}
+    rows = []
+    for b in range(x.shape[0]):
+        at = positions[b] if positions.dim() == 2 else positions
+        row = x[b].double().numpy()
+        rows.append(ref.fope_transform(row, at, enc.inv_freq.numpy(), *coefs, **options))
     return torch.from_numpy(np.stack(rows))
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("interleaved", [False, True])
-@pytest.mark.parametrize("coef_heads", [1, 2])
-def test_fope_matches_the_reference(dtype, interleaved, coef_heads):
+@pytest.mark.parametrize(("coef_heads", "clipped_sin"), [(1, 0.0), (2, 0.0), (2, 1.0)])
+def test_fope_matches_the_reference(dtype, interleaved, coef_heads, clipped_sin):
     torch.manual_seed(0)
-    enc = FourierRope(D, coef_heads=coef_heads, max_len=24, sigma=0.5, interleaved=interleaved)
+    enc = FourierRope(
+        D, coef_heads=coef_heads, max_len=24, sigma=0.5, clipped_sin=clipped_sin,
+        interleaved=interleaved,
+    )  # fmt: skip
     q, k = _qk(dtype)
     positions = torch.tensor([[0, 3, 5, 9, 30, 31], [2, 4, 6, 8, 10, 12]])
     got_q, got_k = enc.rotate(q, k, positions, positions)
@@ -148,6 +149,7 @@ def test_to_bfloat16_keeps_the_frequencies():
         ({"head_dim": 16, "sigma": -1.0}, "sigma"),
         ({"head_dim": 16, "num_inv_freq": 9}, "num_inv_freq"),
         ({"head_dim": 16, "max_len": 1}, "max_len=1"),
+        ({"head_dim": 16, "clipped_sin": float("nan")}, "clipped_sin"),
     ],
 )
 def test_bad_arguments_raise(kwargs, match):

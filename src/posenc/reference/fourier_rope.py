@@ -36,10 +36,12 @@ def fope_transform(
     cos_coef: np.ndarray,
     sin_coef: np.ndarray,
     *,
+    clipped_sin: float = 0.0,
     interleaved: bool = False,
 ) -> np.ndarray:
     """FoPE of ``x [H, T, D]`` at ``positions [T]`` with kept frequencies ``theta [F]`` and
-    coefficients ``[Hc, F, F]``; float64 ``[H, T, D]``."""
+    coefficients ``[Hc, F, F]``; float64 ``[H, T, D]``. A clipped pair multiplies by
+    ``1 + i clipped_sin`` (0: zero frequency, the paper; 1: the released code)."""
     x = np.asarray(x, dtype=np.float64)
     heads, length, dim = x.shape
     pairs, kept = dim // 2, len(theta)
@@ -54,7 +56,7 @@ def fope_transform(
                     c = sum(cos_coef[g, i, j] * math.cos(m * theta[i]) for i in range(kept))
                     s = sum(sin_coef[g, i, j] * math.sin(m * theta[i]) for i in range(kept))
                 else:
-                    c, s = 1.0, 0.0
+                    c, s = 1.0, clipped_sin
                 ia, ib = (2 * j, 2 * j + 1) if interleaved else (j, j + pairs)
                 a, b = x[h, t, ia], x[h, t, ib]
                 out[h, t, ia] = a * c - b * s

@@ -20,13 +20,14 @@ b cos')`` as in RoPE; with ``C^cos = C^sin = I`` and nothing clipped this is RoP
 Coefficients start at ``I + N(0, sigma^2)`` (the paper: each pair's own frequency with
 weight 1 plus random weights on the others).
 
-This follows the inference definition of the released FoPE model, Intern-S1-Pro
-(coefficients ``[Hkv, F, F]`` per key/value head, or one shared set, used as stored; a
-query head uses the set of its key/value group). The authors' appendix listing, SGLang
-and an early vLLM pad the clipped pairs' sine with 1 instead of 0 (a constant 45-degree
-turn, scaled by sqrt 2), which vLLM later fixed as a bug; posenc follows the paper's zero
-frequency. The listing also divides each coefficient column by its sum; the released
-model's code does not, and neither does posenc.
+This follows the inference definition of the released FoPE model, Intern-S1-Pro, in the
+SGLang and vLLM code (coefficients ``[Hkv, F, F]`` per key/value head, or one shared set,
+used as stored; a query head uses the set of its key/value group). That code, like the
+authors' appendix listing, pads the clipped pairs' sine with 1 instead of 0 (the same
+45-degree turn, scaled by sqrt 2, at every position; a vLLM test calls it a bug): posenc
+follows the paper's zero frequency by default and the released code with
+``clipped_sin=1``. The listing also divides each coefficient column by its sum; the
+released model's code does not, and neither does posenc.
 
 The map is not a rotation (``cos'^2 + sin'^2 != 1``) and a query-key product is not a
 function of the offset alone; each key depends on its own position only, so a KV cache of
@@ -104,6 +105,8 @@ class FourierRope(PositionalEncoding):
             None: none clipped.
         num_inv_freq: instead of the floor, keep the first this many pairs.
         sigma: standard deviation of the random part of the initial coefficients.
+        clipped_sin: the sine of the clipped pairs (their cosine is 1): 0, the paper's zero
+            frequency (they pass unchanged), or 1 as the released code (see above).
         interleaved: pair layout, adjacent ``(2i, 2i+1)`` instead of half-split.
 
     Attributes:
@@ -126,12 +129,14 @@ class FourierRope(PositionalEncoding):
         max_len: int | None = None,
         num_inv_freq: int | None = None,
         sigma: float = DEFAULT_SIGMA,
+        clipped_sin: float = 0.0,
         interleaved: bool = False,
     ) -> None:
         super().__init__()
         self.head_dim = check_even("head_dim", head_dim)
         self.coef_heads = check_int("coef_heads", coef_heads)
         self.sigma = check_float("sigma", sigma, minimum=0.0)
+        self.clipped_sin = check_float("clipped_sin", clipped_sin)
         self.interleaved = check_bool("interleaved", interleaved)
         self.base = check_float("base", base, positive=True)
         inv_freq = fope_frequencies(head_dim, base=base, max_len=max_len, num_inv_freq=num_inv_freq)
@@ -152,7 +157,7 @@ class FourierRope(PositionalEncoding):
         clipped = self.head_dim // 2 - self.inv_freq.numel()
         return (
             nn.functional.pad(cos, (0, clipped), value=1.0),
-            nn.functional.pad(sin, (0, clipped), value=0.0),
+            nn.functional.pad(sin, (0, clipped), value=self.clipped_sin),
         )
 
     def _transform(self, x: Tensor, positions: Tensor, name: str) -> Tensor:
