@@ -13,6 +13,11 @@ Backends:
   (if any) added to the boolean mask as a float mask, i.e. materialized ``[B|1, H, Tq, Tk]``.
 * ``eager``: the formula above written out; the only backend that serves the VALUE site
   without chunking.
+* ``flex``: FlexAttention compiled for CPU, the bias as a fused ``score_mod``
+  (``posenc.attention.flex``): float32 inference over a whole sequence (no KV cache,
+  padding, segments or sinks) with ALiBi, T5, KERPLE, Sandwich, FIRE or Shaw (causal).
+  ``auto`` picks it there from ``FLEX_MIN_LENGTH`` queries on; forced elsewhere it
+  raises ``ValueError`` saying why.
 * ``chunked``: the queries in blocks of ``block_size`` (Rabe & Staats 2021, "Self-attention
   Does Not Need O(n^2) Memory"): per block, the encoding's bias for that block only, then
   SDPA (or the eager formula when the encoding has a VALUE term). Under a causal mask
@@ -56,6 +61,13 @@ import torch
 from torch import Tensor
 
 from posenc.attention.blocks import general_block, offset_block, offset_table, weights_block
+from posenc.attention.flex import (
+    FLEX_MAX_BAND,
+    FLEX_MIN_LENGTH,
+    flex_attend,
+    flex_kind,
+    flex_refusal,
+)
 from posenc.attention.grad import forbid_double_backward, recompute
 from posenc.attention.masking import Masking
 from posenc.attention.memory import peak_tensor_bytes
@@ -70,7 +82,7 @@ __all__ = [
     "peak_tensor_bytes",
 ]
 
-BACKENDS = ("auto", "sdpa", "eager", "chunked")
+BACKENDS = ("auto", "sdpa", "eager", "chunked", "flex")
 DEFAULT_BLOCK_SIZE = 128
 OFFSET_BLOCKS, OFFSET_MIN_BLOCK = 4, 256  # query blocks of the offset path (see below)
 
@@ -83,6 +95,11 @@ def check_backend(backend: str, position: PositionalEncoding) -> None:
         raise ValueError(
             f"backend='sdpa' cannot apply the value term of {type(position).__name__} "
             "(VALUE site); use backend='auto', 'eager' or 'chunked'"
+        )
+    if backend == "flex" and flex_kind(position) is None:
+        raise ValueError(
+            f"backend='flex' cannot compute the bias of {type(position).__name__}; "
+            "use backend='auto' or 'chunked'"
         )
 
 
@@ -109,8 +126,9 @@ def attend(
         v: values at ``H`` heads.
         position: the encoding whose ``score_bias`` / ``value_term`` are applied.
         masking: positions, padding and segments that define the mask.
-        backend: ``"auto"`` (SDPA without SCORE/VALUE, else chunked), ``"sdpa"``,
-            ``"eager"`` or ``"chunked"``.
+        backend: ``"auto"`` (SDPA without SCORE/VALUE; else ``flex`` where it applies
+            from ``FLEX_MIN_LENGTH`` queries on, otherwise chunked), ``"sdpa"``,
+            ``"eager"``, ``"chunked"`` or ``"flex"``.
         block_size: queries per block of the chunked backend.
         dropout_p: attention dropout (applied to the probabilities).
         scale: logits scale; ``1 / sqrt(D)`` when None.
@@ -126,7 +144,8 @@ def attend(
     Raises:
         ValueError: a VALUE encoding with ``backend="sdpa"``, an unknown backend, a
             hook output of the wrong shape, a WEIGHTS encoding without ``gates`` or with
-            ``sinks``, or ``sinks`` not ``[H]``.
+            ``sinks``, ``sinks`` not ``[H]``, or ``backend="flex"`` where it does not
+            apply (the message says why).
         RuntimeError: a double backward (``create_graph=True``) through ``backend="sdpa"``
             or through attention dropout.
     """
@@ -134,10 +153,22 @@ def attend(
     _check_sinks(sinks, position, q.shape[1])
     if backend == "auto":
         backend = "chunked" if position.sites & (Site.SCORE | Site.VALUE) else "sdpa"
+        if backend == "chunked" and q.shape[-2] >= FLEX_MIN_LENGTH:
+            backend = "auto-flex"  # flex if it applies to this call, else chunked
+    max_band = None
+    if backend in ("flex", "auto-flex"):
+        params = [q, k, v, *position.parameters()]
+        refusal = flex_refusal(position, q, masking, dropout_p, params)
+        refusal = refusal or ("attention sinks are not supported" if sinks is not None else None)
+        if refusal is not None and backend == "flex":
+            raise ValueError(f"backend='flex' does not apply here: {refusal}")
+        max_band = FLEX_MAX_BAND if backend == "auto-flex" else None
+        backend = "chunked" if refusal else "flex"
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     run = functools.partial(
         _attend, position=position, masking=masking, backend=backend,
         block_size=block_size, dropout_p=dropout_p, scale=scale, gates=gates, sinks=sinks,
+        max_band=max_band,
     )  # fmt: skip
     out = run(q, k, v)
     if torch.compiler.is_compiling() or bool(out.sum().isfinite()):  # one pass over out
@@ -203,9 +234,18 @@ def _attend(
     scale: float,
     gates: Tensor | None,
     sinks: Tensor | None,
+    max_band: int | None = None,
 ) -> Tensor:
-    """``attend`` with a resolved backend, before the non-finite check."""
+    """``attend`` with a resolved backend, before the non-finite check; ``max_band``: the
+    widest CoPE band ``flex`` may use (None: any), else ``chunked`` runs."""
     sites = position.sites
+    if backend == "flex":
+        out = flex_attend(
+            q, k, v, position=position, masking=masking, scale=scale, max_band=max_band
+        )
+        if out is not None:
+            return out
+        backend = "chunked"
     if sites & Site.WEIGHTS:
         size = None if backend != "chunked" or q.shape[-2] <= block_size else block_size
         return _attend_weights(q, k, v, gates, position, masking, size, dropout_p)

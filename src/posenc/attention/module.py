@@ -96,7 +96,8 @@ class MultiHeadAttention(nn.Module):
             ``num_heads``. None: ``num_heads``.
         bias: whether the four projections have biases.
         backend: ``"auto"`` (SDPA for QK-only encodings, the chunked path for SCORE and
-            VALUE ones), ``"sdpa"``, ``"eager"`` or ``"chunked"``; see
+            VALUE ones, FlexAttention for long float32 CPU inference where it applies),
+            ``"sdpa"``, ``"eager"``, ``"chunked"`` or ``"flex"``; see
             ``posenc.attention.backends``.
         block_size: queries per block of the chunked path.
         attention_dtype: a floating dtype in which the attention core runs: queries,

@@ -175,6 +175,28 @@ def offset_score_mod(fn: OffsetFn) -> ScoreMod:
     return score_mod
 
 
+def band_dots(q: Tensor, k: Tensor, width: int, rows: int = 512) -> Tensor:
+    """``dots[..., i, d] = q_i . k_(i-d)`` for ``d < width`` (0 where ``d > i``), the
+    ``width`` diagonals of ``q k^T`` nearest the main one, ``[B, H, T, width]``.
+
+    By blocks of ``rows`` queries: one matmul with the keys the block reaches, taken in
+    reverse order so that the band is a strided (Hankel) view of the block's scores.
+    """
+    batch, heads, length, dim = q.shape
+    pad = k.new_zeros(batch, heads, width - 1, dim)
+    rev = torch.cat((pad, k), -2).flip(-2)  # key T - 1 - c at c, then the padding
+    out = q.new_empty(batch, heads, length, width)
+    for start in range(0, length, rows):
+        stop = min(start + rows, length)
+        reach = rev[..., length - stop : length - start + width - 1, :]  # keys stop-1 down
+        scores = torch.matmul(q[..., start:stop, :], reach.transpose(-2, -1))  # [B, H, Tb, n]
+        n, size = scores.shape[-1], stop - start
+        out[..., start:stop, :] = scores.as_strided(  # (r, d) -> column size - 1 - r + d
+            (batch, heads, size, width), (heads * size * n, size * n, n - 1, 1), size - 1
+        )
+    return out
+
+
 def per_head(values: Tensor, dtype: torch.dtype) -> Tensor:
     """``values [H]`` as ``[H, 1, 1]`` in ``dtype``, to broadcast against offsets."""
     return values.to(dtype).view(-1, 1, 1)

@@ -35,9 +35,9 @@ from torch import Tensor, nn
 from posenc._checks import check_bool, check_int, check_tensor
 from posenc._dtypes import compute_dtype
 from posenc.base import PositionalEncoding, Site, register
-from posenc.encodings._relative import check_hook_inputs
+from posenc.encodings._relative import band_dots, check_hook_inputs
 
-__all__ = ["CoPE", "cope_bias", "cope_positions"]
+__all__ = ["CoPE", "cope_band_bias", "cope_bias", "cope_positions"]
 
 
 def cope_positions(q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, npos_max: int) -> Tensor:
@@ -91,12 +91,55 @@ def cope_bias(q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, pos_emb: Tenso
     p = cope_positions(q, k, q_pos, k_pos, pos_emb.shape[0])
     work = p.dtype
     per_position = torch.matmul(q, pos_emb.to(q.dtype).T).to(work) * q.shape[-1] ** -0.5
+    return _interpolate(per_position, p).to(q.dtype)  # [B, H, Tq, Tk]
+
+
+def _interpolate(per_position: Tensor, p: Tensor) -> Tensor:
+    """``e``-products at fractional positions: ``per_position [..., P]`` read at ``p``."""
     index = p.nan_to_num(0.0)  # NaN gates (NaN in q or k) index 0; w carries the NaN
     low = index.floor()
     w = p - low  # gradient reaches the gates through the interpolation weight
-    at_low = per_position.gather(-1, low.long())  # [B, H, Tq, Tk]
+    at_low = per_position.gather(-1, low.long())
     at_high = per_position.gather(-1, index.ceil().long())
-    return (at_low + w * (at_high - at_low)).to(q.dtype)
+    return at_low + w * (at_high - at_low)
+
+
+def cope_band_bias(q: Tensor, k: Tensor, pos_emb: Tensor, *, max_width: int) -> Tensor | None:
+    """CoPE's bias near the diagonal, for queries and keys at positions ``0..T-1``.
+
+    Once the gates summed from the diagonal reach ``P - 1``, every farther key sits at
+    position ``P - 1`` and gets the same bias ``c_i = q_i . e[P - 1] / sqrt(D)``; the
+    softmax ignores a per-row constant, so ``b_ij - c_i`` is zero beyond a band of
+    offsets ``i - j < W``. ``W`` is the smallest power of two (at least ``4P``, capped at
+    ``T``) past which every row's bias is ``c_i``.
+
+    Args:
+        q, k: ``[B, H, T, D]`` at positions ``0..T-1`` (causal).
+        pos_emb: ``e [P, D]``.
+        max_width: the widest band returned.
+
+    Returns:
+        ``band [B, H, T, W]`` in ``q``'s dtype, ``band[..., i, d] = b_(i, i-d) - c_i``
+        (``d > i``: unused), or None when the band is wider than ``max_width``.
+    """
+    length, dim = q.shape[-2], q.shape[-1]
+    npos = pos_emb.shape[0]
+    work = compute_dtype(q.dtype)
+    per_position = torch.matmul(q, pos_emb.to(q.dtype).T).to(work) * dim**-0.5  # [B, H, T, P]
+    width = 1 << max(4 * npos - 1, 1).bit_length()  # gates near 1/2 need ~2P keys
+    while True:
+        width = min(width, length)
+        if width > max_width:
+            return None
+        dots = band_dots(q, k, width).to(work) * dim**-0.5
+        offsets = torch.arange(width, device=q.device)
+        ahead = offsets > torch.arange(length, device=q.device)[:, None]  # key before 0
+        sums = torch.sigmoid(dots).masked_fill(ahead, 0.0).cumsum(-1)  # [B, H, T, W]
+        if width == length or bool((sums[..., width:, -1] >= npos - 1).all()):
+            break
+        width *= 2
+    bias = _interpolate(per_position, sums.clamp(max=npos - 1)) - per_position[..., -1:]
+    return bias.to(q.dtype)
 
 
 @register(
@@ -131,6 +174,10 @@ class CoPE(PositionalEncoding):
     def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """``[B, H, Tq, Tk]`` bias in ``q``'s dtype."""
         return cope_bias(q, k, q_pos, k_pos, self.pos_emb)
+
+    def band_bias(self, q: Tensor, k: Tensor, *, max_width: int) -> Tensor | None:
+        """``cope_band_bias`` with this table (the ``flex`` attention backend's form)."""
+        return cope_band_bias(q, k, self.pos_emb.detach(), max_width=max_width)
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, npos_max={self.npos_max}"

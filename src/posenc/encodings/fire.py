@@ -158,10 +158,23 @@ class FIRE(PositionalEncoding):
         return (bias if bias.dim() == 4 else bias.unsqueeze(0)).to(q.dtype)  # [B|1, H, Tq, Tk]
 
     def score_mod(self) -> ScoreMod:
-        """FlexAttention ``score_mod`` adding this bias (query/key indices as positions)."""
+        """FlexAttention ``score_mod`` adding this bias (query/key indices as positions).
+
+        The MLP is written out for head ``h`` only (``hidden`` multiply-adds and ReLUs per
+        score, not ``hidden * H``), with the parameters as they are now (not trained
+        through)."""
+        work = compute_dtype(self.c.dtype)
+        c, threshold = self.c.detach().to(work), self.threshold.detach().to(work)
+        first, last = self.mlp[0], self.mlp[2]
+        w1, b1 = first.weight.detach()[:, 0].to(work), first.bias.detach().to(work)  # [hidden]
+        w2, b2 = last.weight.detach().to(work), last.bias.detach().to(work)  # [H, hidden]
 
         def score_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor):
-            return score + self._bias(q_idx, kv_idx)[h].to(score.dtype)
+            u = _normalized(q_idx, kv_idx, c, threshold, self.eps)
+            acc = b2[h]
+            for unit in range(self.hidden):
+                acc = acc + w2[h, unit] * torch.relu(w1[unit] * u + b1[unit])
+            return score + acc.to(score.dtype)
 
         return score_mod
 

@@ -1,0 +1,209 @@
+"""The ``flex`` backend: bias attention through FlexAttention, compiled (CPU inference).
+
+Shapes: ``B`` batch, ``H`` heads, ``T`` queries = keys, ``D`` head_dim, ``K`` Shaw's clip
+distance. FlexAttention (Dong et al. 2024, "Flex Attention: A Programming Model for
+Generating Optimized Attention Kernels") fuses a ``score_mod(score, b, h, q_idx, kv_idx)``
+into a blocked attention kernel; ``torch.compile`` turns it into one C++ kernel on CPU
+(inductor's flex template), so no ``[Tq, Tk]`` bias is ever written and blocks that the
+causal mask hides are skipped. Per encoding:
+
+* ``offset_only`` encodings (ALiBi, T5, KERPLE, Sandwich): the bias at each of the
+  ``2T - 1`` offsets, one row per head (``posenc.attention.blocks.offset_table``), read by
+  offset ``q_idx - kv_idx``;
+* encodings with a ``score_mod()`` method (FIRE): that method, exact with the indices
+  as positions;
+* CoPE: its gates are a cumulative sum over the keys, which no ``score_mod`` can
+  compute; but once the sum from the diagonal reaches ``P - 1`` every farther key gets
+  the same bias, a per-row constant the softmax ignores, so the bias minus that constant
+  is zero beyond a band of ``W`` offsets (``CoPE.band_bias``, ``[B, H, T, W]``, computed
+  by blocked matmuls), read in the band and zero beyond;
+* Shaw et al.'s relative representations: the key term is ``q_i . w^K[r] / sqrt(D)``
+  for the ``2K + 1`` clipped offsets ``r`` (``[B, H, T, 2K + 1]``), gathered by offset. The
+  value term ``sum_j p_ij w^V[clip(j - i)]`` needs the probabilities of the ``K`` keys
+  nearest the diagonal (causal: every farther key shares ``w^V[0]``), but FlexAttention
+  on CPU returns no log-sum-exp. So a phantom key is put first, visible to every query,
+  with logit ``c_i`` (the largest logit of the band) and value ``e_{D+1}``: the extra
+  output column is ``p0_i = e^c_i / (Z_i + e^c_i)``, hence ``Z_i = e^c_i (1 - p0_i) / p0_i``,
+  the band's probabilities ``p_ij = e^(s_ij - c_i) p0_i / (1 - p0_i)`` and the output
+  ``out_i / (1 - p0_i)``; ``p0_i <= 1/2`` because ``Z_i >= e^c_i``, so nothing cancels.
+  Then ``value = w^V[0] + sum_d p_i,i-d (w^V[K - d] - w^V[0])`` over ``d < K``.
+
+Applies only where it is exact and supported: float32 CPU tensors without gradients
+(FlexAttention has no CPU backward), queries that are the keys at positions ``0..T-1``
+(``Masking.aligned``: no cached keys, padding or segments), no dropout, not inside an
+outer ``torch.compile``; Shaw and CoPE only under a causal mask. Each kernel compiles
+once per length (and CoPE band width; static shapes, 5-30 s on 2 cores, then cached on
+disk by inductor) and is never recompiled at a shape it has seen: dynamic shapes fail
+to build the Shaw kernel in torch 2.13 (a C++ compile error), so every kernel is static.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import Tensor
+
+from posenc.attention.blocks import offset_table
+from posenc.attention.masking import Masking
+from posenc.base import PositionalEncoding, Site
+from posenc.encodings._relative import band_dots
+
+__all__ = ["FLEX_MAX_BAND", "FLEX_MIN_LENGTH", "flex_attend", "flex_kind", "flex_refusal"]
+
+#: Shortest sequence for which ``backend="auto"`` picks FlexAttention: below it the
+#: chunked path is as fast and a new length costs no compilation.
+FLEX_MIN_LENGTH = 1024
+
+#: Widest CoPE band (offsets) ``auto`` accepts: its table is ``[B, H, T, W]``; a wider
+#: one (gates far below 1 everywhere) runs on the chunked path.
+FLEX_MAX_BAND = 1024
+
+#: Compiled kernels kept per process (one per encoding kind and length).
+_RECOMPILE_LIMIT = 64
+
+
+def flex_kind(position: PositionalEncoding) -> str | None:
+    """How FlexAttention computes ``position``'s bias: ``"offset"``, ``"score_mod"``,
+    ``"band"`` (CoPE), ``"shaw"``, or None when it cannot (a WEIGHTS or QK site)."""
+    sites = position.sites
+    if sites & (Site.WEIGHTS | Site.QK | Site.INPUT):
+        return None
+    if sites == Site.SCORE and getattr(position, "offset_only", False):
+        return "offset"
+    if sites == Site.SCORE and callable(getattr(position, "score_mod", None)):
+        return "score_mod"
+    if sites == Site.SCORE and callable(getattr(position, "band_bias", None)):
+        return "band"
+    shaw = all(hasattr(position, a) for a in ("key_table", "value_table", "max_relative_position"))
+    return "shaw" if sites == Site.SCORE | Site.VALUE and shaw else None
+
+
+def flex_refusal(
+    position: PositionalEncoding, q: Tensor, masking: Masking, dropout_p: float, params: list
+) -> str | None:
+    """Why the ``flex`` backend cannot run this attention, or None when it can."""
+    kind = flex_kind(position)
+    if kind is None:
+        return f"{type(position).__name__} has no FlexAttention form"
+    if torch.compiler.is_compiling():
+        return "it compiles its own kernel; call it outside torch.compile"
+    if q.device.type != "cpu" or q.dtype != torch.float32:
+        return f"it runs float32 CPU tensors only, got {q.dtype} on {q.device.type}"
+    needs_grad = any(t.requires_grad for t in params)
+    if torch.is_grad_enabled() and needs_grad:
+        return "FlexAttention has no CPU backward; run under torch.no_grad() or use 'chunked'"
+    if not masking.aligned:
+        return "it needs queries at positions 0..T-1 (no KV cache, padding or segments)"
+    if kind in ("shaw", "band") and not masking.causal:
+        return f"{type(position).__name__}'s flex form is for causal attention only"
+    if dropout_p > 0:
+        return "attention dropout is not supported"
+    return None
+
+
+def flex_attend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    position: PositionalEncoding,
+    masking: Masking,
+    scale: float,
+    max_band: int | None = None,
+) -> Tensor | None:
+    """Attention of ``q, k, v [B, H, T, D]`` with ``position``'s bias through FlexAttention
+    (check ``flex_refusal`` first): ``[B, H, T, D]``, or None when a band-limited bias
+    (CoPE) needs a band wider than ``max_band`` offsets (None: any)."""
+    length = q.shape[-2]
+    kind = flex_kind(position)
+    if kind == "shaw":
+        return _shaw(q, k, v, position, scale)
+    if kind == "band":
+        band = position.band_bias(q, k, max_width=max_band or length)  # [B, H, T, W]
+        if band is None:
+            return None
+        score_mod = _band_mod(band)
+    elif kind == "offset":
+        values = offset_table(position, q, k, masking).values  # [H, 2T - 1]
+        score_mod = _table_mod(values.detach(), length - 1)
+    else:
+        score_mod = position.score_mod()
+    mask = _block_mask(length, length, 0, q.device.type) if masking.causal else None
+    return _flex(q, k, v, score_mod=score_mod, block_mask=mask, scale=scale)
+
+
+def _table_mod(values: Tensor, shift: int):
+    """``score + values[h, q_idx - kv_idx + shift]``."""
+
+    def score_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return score + values[h, q_idx - kv_idx + shift]
+
+    return score_mod
+
+
+def _band_mod(band: Tensor):
+    """``score + band[b, h, q_idx, q_idx - kv_idx]`` inside the band, ``score`` beyond."""
+    last = band.shape[-1] - 1
+
+    def score_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        offset = q_idx - kv_idx
+        near = band[b, h, q_idx, torch.clamp(offset, 0, last)]
+        return torch.where(offset <= last, score + near, score)
+
+    return score_mod
+
+
+@functools.lru_cache(maxsize=16)
+def _block_mask(num_q: int, num_k: int, lead: int, device: str):
+    """Causal ``BlockMask`` where key ``kv_idx`` has position ``kv_idx - lead``."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def causal(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return kv_idx <= q_idx + lead
+
+    return create_block_mask(causal, None, None, num_q, num_k, device=device)
+
+
+@functools.cache
+def _compiled():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def _flex(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> Tensor:
+    """FlexAttention, compiled once per kernel and length."""
+    with torch._dynamo.config.patch(recompile_limit=_RECOMPILE_LIMIT):
+        return _compiled()(q, k, v, **kwargs)
+
+
+def _shaw(q: Tensor, k: Tensor, v: Tensor, position: PositionalEncoding, scale: float) -> Tensor:
+    """Shaw's key and value terms under a causal mask, through one FlexAttention call with
+    a phantom first key (see the module docstring)."""
+    batch, heads, length, dim = q.shape
+    clip = int(position.max_relative_position)
+    key_table = position.key_table.detach().to(q.dtype)  # [2K + 1, D]
+    value_table = position.value_table.detach().to(q.dtype)
+    per_offset = torch.matmul(q, key_table.T) * dim**-0.5  # [B, H, T, 2K + 1]
+    near = clip - torch.arange(clip, device=q.device)  # w rows K - d of the keys i - d
+    band = band_dots(q, k, clip) * scale + per_offset[..., near]  # [B, H, T, K] logits
+    ahead = torch.arange(clip, device=q.device) > torch.arange(length, device=q.device)[:, None]
+    band = band.masked_fill(ahead, float("-inf"))  # keys before position 0
+    top = band.amax(-1)  # [B, H, T]: the diagonal is always in the band
+
+    def score_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        rel = torch.clamp(kv_idx - 1 - q_idx, -clip, clip) + clip
+        return torch.where(kv_idx == 0, top[b, h, q_idx], score + per_offset[b, h, q_idx, rel])
+
+    k_aug = torch.cat((k.new_zeros(batch, heads, 1, dim), k), -2)  # [B, H, T + 1, D]
+    phantom = v.new_zeros(batch, heads, 1, dim + 1)
+    phantom[..., dim] = 1.0
+    v_aug = torch.cat((phantom, torch.cat((v, v.new_zeros(batch, heads, length, 1)), -1)), -2)
+    mask = _block_mask(length, length + 1, 1, q.device.type)
+    out = _flex(q, k_aug, v_aug, score_mod=score_mod, block_mask=mask, scale=scale)
+    p0 = out[..., dim:]  # [B, H, T, 1]
+    rest = 1.0 - p0
+    probs = torch.exp(band - top[..., None]) * (p0 / rest)  # [B, H, T, K]
+    steps = value_table[near] - value_table[0]  # [K, D]
+    return out[..., :dim] / rest + value_table[0] + torch.matmul(probs, steps)

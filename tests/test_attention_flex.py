@@ -1,0 +1,171 @@
+"""The ``flex`` backend (FlexAttention compiled for CPU): float32 against the float64 eager
+reference for every encoding it serves, where ``auto`` picks it and where it refuses, and
+no recompilation at a length already compiled."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import posenc
+from conftest import tolerances
+from posenc import MultiHeadAttention
+from posenc.attention import backends
+from posenc.attention.backends import Masking, attend
+from posenc.kv_cache import KVCache
+
+pytest.importorskip("torch.nn.attention.flex_attention")
+
+C, H = 32, 2
+D = C // H
+T = 200  # not a multiple of FlexAttention's 128-token blocks
+OPS = 64
+SERVED = ["alibi", "t5", "kerple", "sandwich", "fire", "shaw", "cope"]
+
+
+def _encoding(name: str, causal: bool = True) -> posenc.PositionalEncoding:
+    torch.manual_seed(0)
+    position = posenc.build(name, d_model=C, num_heads=H, head_dim=D, causal=causal)
+    with torch.no_grad():  # away from the initialisation (T5, Shaw: tiny; FIRE: one scale)
+        for p in position.parameters():
+            p.add_(torch.randn_like(p) * 0.5)
+    return position
+
+
+def _qkv(length: int = T, dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(1)
+    return [torch.randn(1, H, length, D, generator=gen, dtype=dtype) for _ in range(3)]
+
+
+def _check_against_reference(name: str, causal: bool) -> None:
+    position = _encoding(name, causal)
+    q, k, v = _qkv()
+    pos = torch.arange(T)
+    masking = Masking(causal, pos, pos, aligned=True)
+    with torch.no_grad():
+        got = attend(q, k, v, position=position, masking=masking, backend="flex")
+        position.double()
+        q, k, v = (t.double() for t in (q, k, v))
+        want = attend(q, k, v, position=position, masking=masking, backend="eager")
+    torch.testing.assert_close(got.double(), want, **tolerances(torch.float32, ops=OPS))
+
+
+@pytest.mark.parametrize("name", SERVED)
+def test_flex_equals_the_float64_reference_causal(name):
+    _check_against_reference(name, causal=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["alibi", "t5", "kerple", "sandwich", "fire"])
+def test_flex_equals_the_float64_reference_bidirectional(name):
+    _check_against_reference(name, causal=False)
+
+
+def test_cope_band_narrower_than_the_sequence():
+    """Few positions (P = 8): the bias is the row constant beyond a band of 16 offsets."""
+    position = posenc.build("cope", head_dim=D, npos_max=8)
+    with torch.no_grad():
+        position.pos_emb.normal_()
+        q, k, _ = _qkv()
+        band = position.band_bias(q, k, max_width=T)  # [1, H, T, W]
+        width = band.shape[-1]
+        assert width < T
+        bias = position.score_bias(q.double(), k.double(), torch.arange(T), torch.arange(T))
+        keys = (torch.arange(T)[:, None] - torch.arange(width)).clamp(min=0)  # i - d
+        # beyond the band key 0 sits at position P - 1: its bias is the row's constant
+        want = (bias - bias[..., :1]).gather(-1, keys.expand_as(band))
+        tol = tolerances(torch.float32, ops=OPS)
+        torch.testing.assert_close(band[..., width:, :].double(), want[..., width:, :], **tol)
+        assert position.band_bias(q, k, max_width=width // 2) is None
+
+
+def _layer(name: str, backend: str, dtype=torch.float32) -> MultiHeadAttention:
+    torch.manual_seed(0)
+    return MultiHeadAttention(C, H, position=name, backend=backend).to(dtype).eval()
+
+
+def test_layer_with_flex_equals_chunked():
+    x = torch.randn(2, T, C)
+    with torch.no_grad():
+        got = _layer("alibi", "flex")(x)
+        want = _layer("alibi", "chunked")(x)
+    torch.testing.assert_close(got, want, **tolerances(torch.float32, ops=OPS))
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Lower ``auto``'s length threshold and count the calls that reach FlexAttention."""
+    seen = []
+    real = backends.flex_attend
+    monkeypatch.setattr(backends, "FLEX_MIN_LENGTH", T)
+    monkeypatch.setattr(backends, "flex_attend", lambda *a, **kw: seen.append(1) or real(*a, **kw))
+    return seen
+
+
+def test_auto_picks_flex_for_long_float32_inference(calls):
+    x = torch.randn(1, T, C)
+    with torch.no_grad():
+        _layer("alibi", "auto")(x)
+        assert calls == [1]
+        _layer("alibi", "auto")(x[:, : T - 1])  # below the threshold: chunked
+    assert calls == [1]
+
+
+@pytest.mark.parametrize("case", ["grad", "float64", "cache", "padding", "sinks"])
+def test_auto_keeps_the_chunked_path_where_flex_does_not_apply(calls, case):
+    torch.manual_seed(0)
+    layer = MultiHeadAttention(C, H, position="alibi", sinks=case == "sinks").eval()
+    layer.to(torch.float64 if case == "float64" else torch.float32)
+    x = torch.randn(1, T, C, dtype=torch.float64 if case == "float64" else torch.float32)
+    kwargs = {}
+    if case == "cache":  # a prefill is aligned (flex may serve it); the next chunk is not
+        kwargs["cache"] = KVCache()
+        with torch.no_grad():
+            layer(x[:, :1], **kwargs)
+    if case == "padding":
+        kwargs["key_padding_mask"] = torch.ones(1, T, dtype=torch.bool)
+    with torch.set_grad_enabled(case == "grad"):
+        layer(x, **kwargs)
+    assert calls == []
+
+
+@pytest.mark.parametrize(
+    "case,match",
+    [
+        ("grad", "no CPU backward"),
+        ("float64", "float32 CPU"),
+        ("cache", "positions 0..T-1"),
+        ("dropout", "dropout"),
+        ("shaw-bidirectional", "causal attention only"),
+    ],
+)
+def test_forced_flex_says_why_it_does_not_apply(case, match):
+    position = _encoding("shaw" if case.startswith("shaw") else "alibi")
+    q, k, v = _qkv(8, torch.float64 if case == "float64" else torch.float32)
+    pos = torch.arange(8)
+    masking = Masking(case != "shaw-bidirectional", pos, pos, aligned=case != "cache")
+    if case == "grad":
+        q.requires_grad_(True)
+    dropout = 0.5 if case == "dropout" else 0.0
+    with torch.set_grad_enabled(case == "grad"), pytest.raises(ValueError, match=match):
+        attend(q, k, v, position=position, masking=masking, backend="flex", dropout_p=dropout)
+
+
+@pytest.mark.parametrize("name", ["rope", "fox"])
+def test_flex_refuses_encodings_without_a_flex_form(name):
+    with pytest.raises(ValueError, match="backend='flex' cannot compute"):
+        MultiHeadAttention(C, H, position=name, backend="flex")
+
+
+def test_no_recompilation_at_a_compiled_length():
+    counters = torch._dynamo.utils.counters
+    position = _encoding("fire")
+    q, k, v = _qkv()
+    pos = torch.arange(T)
+    masking = Masking(True, pos, pos, aligned=True)
+    with torch.no_grad():
+        attend(q, k, v, position=position, masking=masking, backend="flex")
+        frames = sum(counters["frames"].values())
+        for _ in range(2):  # a new score_mod closure each call, same kernel
+            attend(q, k, v, position=position, masking=masking, backend="flex")
+    assert sum(counters["frames"].values()) == frames
