@@ -2,8 +2,9 @@
 
 Suites: ``rope`` (``apply_rope`` against the copy floor and the popular
 implementations), ``additive`` (sinusoidal and learned ``x + PE``, table construction)
-and ``bias`` (each attention-bias encoding against bias-free SDPA, and peak memory
-against the materialized bias; blocked and materialized bias attention against causal
+and ``bias`` (each attention-bias encoding against bias-free SDPA, its attention core
+against causal SDPA at 2k-8k tokens with the issue's limits, and peak memory against the
+materialized bias; blocked and materialized bias attention against causal
 SDPA, ``posenc.bench.bias_attention``) and ``lab`` (``posenc.bench.lab``: the lab
 model's training step and evaluation forward per encoding, in tokens per second). Every
 number is a median (and a maximum) of round-robin repeats, and every comparison a ratio
@@ -19,7 +20,7 @@ import torch
 
 from posenc.bench import bias_attention
 from posenc.bench.additive import additive_groups
-from posenc.bench.bias import QUICK_LENGTHS, bias_groups, bias_memory
+from posenc.bench.bias import QUICK_LENGTHS, bias_groups, bias_memory, bias_targets
 from posenc.bench.lab import lab_groups
 from posenc.bench.load import busy_processes
 from posenc.bench.report import Target, rope_targets
@@ -129,4 +130,5 @@ def run_benchmarks(
         "busy_processes": load,
         "memory_warmed_bytes": warmed,
     }
-    return Results(machine, settings, groups, memory, rope_targets(groups), attention)
+    targets = rope_targets(groups) + bias_targets(groups)
+    return Results(machine, settings, groups, memory, targets, attention)

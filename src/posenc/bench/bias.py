@@ -1,5 +1,12 @@
 """Attention-bias benchmark: each SCORE encoding's attention against bias-free SDPA.
 
+The issue's targets are on the attention core alone (``attention_groups``): ``q, k, v
+[1, H, T, 64]`` float32, causal, no gradients, ``posenc.attention.attend`` with
+``backend="auto"`` (FlexAttention from ``FLEX_MIN_LENGTH`` queries on) against
+``scaled_dot_product_attention(is_causal=True)`` at 2k, 4k and 8k tokens: offset-only
+biases (ALiBi, T5, KERPLE, Sandwich) within 1.3x, FIRE, CoPE and Shaw within 3x, on the
+median and on the maximum of the round-robin repeats (``bias_targets``).
+
 Shapes: ``B`` batch (1), ``T`` length, ``C`` d_model, ``H`` heads. For every registered
 encoding with a SCORE (or VALUE) site, ``posenc.MultiHeadAttention`` runs a causal
 forward pass on ``x [1, T, C]`` with its default backend (query blocks; the bias
@@ -11,18 +18,34 @@ call). Peak memory compares that backend with the materialized ``[1, H, T, T]`` 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 
 from posenc.attention import MultiHeadAttention
-from posenc.attention.backends import peak_tensor_bytes
-from posenc.base import Site, available, info
+from posenc.attention.backends import Masking, attend, peak_tensor_bytes
+from posenc.base import Site, available, build, info
+from posenc.bench.report import Target
 from posenc.bench.timing import Group, measure
 
-__all__ = ["bias_encodings", "bias_groups", "bias_memory"]
+__all__ = [
+    "BIAS_LIMITS",
+    "attention_groups",
+    "bias_encodings",
+    "bias_groups",
+    "bias_memory",
+    "bias_targets",
+]
 
 BASELINE = "SDPA causal, no bias"
+CORE_BASELINE = "SDPA causal"
+HEAD_DIM = 64
+TARGET_LENGTHS = (2048, 4096, 8192)
+#: The issue's limits: each encoding's attention core as a multiple of causal SDPA.
+BIAS_LIMITS = {"alibi": 1.3, "t5": 1.3, "kerple": 1.3, "sandwich": 1.3}
+BIAS_LIMITS |= {"fire": 3.0, "cope": 3.0, "shaw": 3.0}
 D_MODEL, HEADS = 256, 4
 FULL_LENGTHS = (512, 1024, 2048, 4096, 8192)
 QUICK_LENGTHS = (64,)
@@ -64,7 +87,7 @@ def bias_groups(*, quick: bool, repeats: int, warmup: int) -> list[Group]:
         info_ = {"T": length, "d_model": D_MODEL, "heads": HEADS, "dtype": "float32"}
         title = f"attention T={length} C={D_MODEL} H={HEADS}"
         groups.append(Group("bias", title, stats, floor=BASELINE, info=info_))
-    return groups
+    return groups + attention_groups(quick=quick, repeats=repeats, warmup=warmup)
 
 
 def bias_memory(*, quick: bool) -> list[dict[str, object]]:
@@ -87,3 +110,51 @@ def bias_memory(*, quick: bool) -> list[dict[str, object]]:
                 }
             )
     return rows
+
+
+def attention_groups(*, quick: bool, repeats: int, warmup: int) -> list[Group]:
+    """The attention core of each encoding in ``BIAS_LIMITS`` (``attend``, backend
+    ``auto``, no gradients) next to causal SDPA, round-robin, per target length."""
+    groups = []
+    for length in QUICK_LENGTHS if quick else TARGET_LENGTHS:
+        gen = torch.Generator().manual_seed(0)
+        qkv = [torch.randn(1, HEADS, length, HEAD_DIM, generator=gen) for _ in range(3)]
+        pos = torch.arange(length)
+        masking = Masking(True, pos, pos, aligned=True)
+        sdpa = functools.partial(F.scaled_dot_product_attention, *qkv, is_causal=True)
+        cases = {CORE_BASELINE: sdpa}
+        for name in BIAS_LIMITS:
+            torch.manual_seed(0)
+            shape = {"num_heads": HEADS, "head_dim": HEAD_DIM, "d_model": HEADS * HEAD_DIM}
+            position = build(name, causal=True, **shape).eval()
+            cases[name] = _core(qkv, position, masking)
+        stats = measure(cases, repeats=min(repeats, 5), warmup=warmup)
+        info_ = {"T": length, "heads": HEADS, "head_dim": HEAD_DIM, "dtype": "float32"}
+        title = f"attention core T={length} H={HEADS} D={HEAD_DIM}"
+        groups.append(Group("bias", title, stats, floor=CORE_BASELINE, info=info_ | {"core": True}))
+    return groups
+
+
+def _core(qkv: list[torch.Tensor], position, masking: Masking) -> Callable[[], object]:
+    def run() -> object:
+        with torch.no_grad():
+            return attend(*qkv, position=position, masking=masking, backend="auto")
+
+    return run
+
+
+def bias_targets(groups: list[Group]) -> list[Target]:
+    """``BIAS_LIMITS`` on the attention-core groups at the target lengths: each encoding's
+    median and maximum over causal SDPA's (skipped for ``--quick`` shapes)."""
+    targets = []
+    for group in groups:
+        if not group.info.get("core") or group.info["T"] not in TARGET_LENGTHS:
+            continue
+        floor = group.stats[CORE_BASELINE]
+        for name, limit in BIAS_LIMITS.items():
+            label = f"attention T={group.info['T']:,}"
+            ratio = group.ratio_to_floor(name)
+            targets.append(Target(label, f"{name}: ÷ SDPA", ratio, limit, True))
+            top = group.stats[name].max_ms / floor.max_ms
+            targets.append(Target(label, f"{name}: ÷ SDPA (max)", top, limit, True))
+    return targets
