@@ -169,3 +169,19 @@ def test_no_recompilation_at_a_compiled_length():
         for _ in range(2):  # a new score_mod closure each call, same kernel
             attend(q, k, v, position=position, masking=masking, backend="flex")
     assert sum(counters["frames"].values()) == frames
+
+
+@pytest.mark.parametrize("name", ["alibi", "shaw"])
+def test_non_finite_future_key_reaches_only_later_rows(name):
+    position = _encoding(name)
+    q, k, v = _qkv()
+    pos = torch.arange(T)
+    masking = Masking(True, pos, pos, aligned=True)
+    poisoned = [t.clone() for t in (k, v)]
+    for t in poisoned:
+        t[..., 150, :] = float("nan")
+    with torch.no_grad():
+        got = attend(q, *poisoned, position=position, masking=masking, backend="flex")
+        want = attend(q, k, v, position=position, masking=masking, backend="flex")
+    torch.testing.assert_close(got[..., :150, :], want[..., :150, :], rtol=0, atol=0)
+    assert got[..., 150:, :].isnan().all()
