@@ -34,6 +34,7 @@ from posenc.encodings import (
     ShawRelativePosition,
     SinusoidalPositionalEncoding,
     T5RelativeBias,
+    VideoRoPE,
     XPos,
     YarnScaling,
     alibi_bias,
@@ -51,6 +52,7 @@ from posenc.encodings import (
     scaling_types,
     sinusoidal_table,
     t5_relative_position_bucket,
+    videorope_position_ids,
 )
 from posenc.hf import from_hf_config, rope_from_hf_config
 from posenc.kv_cache import KVCache
@@ -90,6 +92,7 @@ __all__ = [
     "SinusoidalPositionalEncoding",
     "Site",
     "T5RelativeBias",
+    "VideoRoPE",
     "XPos",
     "YarnScaling",
     "__version__",
@@ -115,6 +118,7 @@ __all__ = [
     "scaling_types",
     "sinusoidal_table",
     "t5_relative_position_bucket",
+    "videorope_position_ids",
 ]
 
 #: Submodules reached as attributes after ``import posenc`` (imported on first use: they

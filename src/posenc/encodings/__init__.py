@@ -56,6 +56,7 @@ from posenc.encodings.rotary.scaling import (
     scaling_types,
 )
 from posenc.encodings.rotary.temperature import PositionTemperature
+from posenc.encodings.rotary.video_rope import VideoRoPE, videorope_position_ids
 from posenc.encodings.rotary.xpos import XPos, xpos_scale
 from posenc.encodings.sandwich import Sandwich, sandwich_bias
 from posenc.encodings.shaw import (
@@ -105,6 +106,7 @@ __all__ = [
     "SinusoidalPositionalEncoding",
     "StickBreakingAttention",
     "T5RelativeBias",
+    "VideoRoPE",
     "XPos",
     "YarnScaling",
     "alibi_bias",
@@ -143,5 +145,6 @@ __all__ = [
     "stick_breaking_weights",
     "t5_relative_bias",
     "t5_relative_position_bucket",
+    "videorope_position_ids",
     "xpos_scale",
 ]
