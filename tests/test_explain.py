@@ -98,6 +98,12 @@ def test_rope_tour_rotated_dot_product(capsys):
         assert table_row(out, str(r))[:3] == pytest.approx([score] * 3, abs=6e-5)
     spread = float(re.search(r"differ by\s+at most ([\d.e+-]+)", out).group(1))
     assert spread < 1e-10
+    assert re.search(r"at equal\s+positions the rotations cancel", out)
+
+
+def test_fope_tour_says_its_transforms_do_not_cancel(capsys):
+    out = " ".join(run(capsys, "fope").split())  # rich wraps lines
+    assert "not only on m - n" in out and "the transforms do not cancel" in out
 
 
 def test_alibi_tour_bias_and_attention(capsys):

@@ -289,11 +289,13 @@ def _rotary_tour(out: Console, enc: PositionalEncoding, dim: int, length: int) -
     )
     _say(out, f"Without rotation q . k = {float((q * k).sum()):.4f} at every offset.")
     a, b = torch.randn(2, 1, 1, 1, dim, generator=gen, dtype=torch.float64)
-    both = _rotated_scores(enc, a, b, [7], [7])[0]
+    both, plain = _rotated_scores(enc, a, b, [7], [7])[0], float((a * b).sum())
+    cancel = abs(both - plain) <= 1e-9 * max(abs(plain), 1.0)  # float64 rounding only
+    verdict = "the rotations cancel" if cancel else "the transforms do not cancel"
     _say(
         out,
         f"Different tokens at one position (7): {both:.4f}, unrotated "
-        f"{float((a * b).sum()):.4f}: at equal positions the rotations cancel.\n",
+        f"{plain:.4f}: at equal positions {verdict}.\n",
     )
 
 
