@@ -69,6 +69,14 @@ def test_the_library_lives_in_the_cache_with_its_checksum():
     assert cpu_kernel._verified(library)
 
 
+def test_a_build_for_one_cpu_is_never_loaded_on_another(monkeypatch):
+    """The build is native to its CPU (x86-64), so the CPU is part of its folder's hash."""
+    here = cpu_kernel.build_directory()
+    assert cpu_kernel._cpu_identity()
+    monkeypatch.setattr(cpu_kernel, "_cpu_identity", lambda: "another CPU|sse2")
+    assert cpu_kernel.build_directory() != here
+
+
 def test_switched_off_by_the_environment(monkeypatch, gen):
     monkeypatch.setenv(cpu_kernel.ENV_SWITCH, "0")
     cpu_kernel._load.cache_clear()
