@@ -21,7 +21,8 @@ from posenc.lab.variants import build_encoding
 # passkey at length 16 is the task a tiny model starts to solve within a few hundred steps
 BASE = ["--quick", "--task", "passkey", "--encodings", "rope", "--train-len", "16",
         "--eval-lens", "16", "32", "--steps", "60", "--batch-size", "32", "--warmup", "6",
-        "--eval-examples", "32", "--scalings", "--threads", "1", "--no-progress"]  # fmt: skip
+        "--eval-examples", "32", "--scalings", "--threads", "1", "--no-progress",
+        "--passkey-key-len", "5"]  # fmt: skip
 TASK = [*BASE, "--max-steps", "240"]
 NEVER = 2.0  # an exact match no model reaches: every run goes to the cap
 
