@@ -156,6 +156,47 @@ def test_file_system_errors_are_one_line(tmp_path, capsys, monkeypatch, code, wo
     _one_line(capsys, words, str(tmp_path / "out"))
 
 
+def _rows(out: Path) -> list:
+    return sorted((r["encoding"], r["seed"], json.dumps(r["rows"])) for r in results(out)["runs"])
+
+
+@pytest.mark.slow
+def test_a_run_killed_at_any_moment_resumes_to_the_uninterrupted_numbers(tmp_path):
+    """``kill -9`` (no clean-up runs) at moments spread over a sweep: every file left is
+    whole (JSON parses, weights load), and the resumed sweep has the uninterrupted
+    sweep's rows, with no writer's temporary file left behind."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import torch
+
+    command = [sys.executable, "-m", "posenc", "lab", *TINY, "--encodings", "alibi", "rope",
+               "--scalings", "--finetune-steps", "0"]  # fmt: skip
+    start = time.monotonic()
+    subprocess.run([*command, "--out", str(tmp_path / "whole")], check=True, capture_output=True)
+    duration = time.monotonic() - start
+    for i, fraction in enumerate((0.3, 0.6, 0.9)):
+        out = tmp_path / f"killed{i}"
+        child = subprocess.Popen(
+            [*command, "--out", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        time.sleep(fraction * duration)
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        for path in out.rglob("*"):
+            if path.name.startswith(".") and ".tmp" in path.name:
+                continue  # a writer's temporary: never read, removed on resume
+            if path.suffix == ".json":
+                json.loads(path.read_text())
+            elif path.suffix == ".pt":
+                torch.load(path, weights_only=True)
+        subprocess.run([*command, "--out", str(out)], check=True, capture_output=True)
+        assert _rows(out) == _rows(tmp_path / "whole")
+        assert not list(out.rglob(".*.tmp*"))
+
+
 # ----------------------------------------------------------------------------- options
 
 
