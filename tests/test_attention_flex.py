@@ -11,7 +11,7 @@ import posenc
 from conftest import tolerances
 from posenc import MultiHeadAttention
 from posenc.attention import backends
-from posenc.attention.backends import Masking, attend
+from posenc.attention.backends import Masking, attend, peak_tensor_bytes
 from posenc.kv_cache import KVCache
 
 pytest.importorskip("torch.nn.attention.flex_attention")
@@ -185,3 +185,16 @@ def test_non_finite_future_key_reaches_only_later_rows(name):
         want = attend(q, k, v, position=position, masking=masking, backend="flex")
     torch.testing.assert_close(got[..., :150, :], want[..., :150, :], rtol=0, atol=0)
     assert got[..., 150:, :].isnan().all()
+
+
+def test_memory_count_runs_the_chunked_path(calls):
+    """FlexAttention's operator does not pass through a TorchDispatchMode: ``auto`` keeps
+    the chunked path there, and a forced ``flex`` says so."""
+    x = torch.randn(1, T, C)
+    layer = _layer("alibi", "auto")
+    with torch.no_grad():
+        peak, _ = peak_tensor_bytes(lambda: layer(x))
+        assert calls == [] and peak > 0
+        flex_layer = _layer("alibi", "flex")
+        with pytest.raises(ValueError, match="TorchDispatchMode"):
+            peak_tensor_bytes(lambda: flex_layer(x))

@@ -31,10 +31,11 @@ causal mask hides are skipped. Per encoding:
 Applies only where it is exact and supported: float32 CPU tensors without gradients
 (FlexAttention has no CPU backward), queries that are the keys at positions ``0..T-1``
 (``Masking.aligned``: no cached keys, padding or segments), no dropout, not inside an
-outer ``torch.compile``; Shaw and CoPE only under a causal mask. Each kernel compiles
-once per length (and CoPE band width; static shapes, 5-30 s on 2 cores, then cached on
-disk by inductor) and is never recompiled at a shape it has seen: dynamic shapes fail
-to build the Shaw kernel in torch 2.13 (a C++ compile error), so every kernel is static.
+outer ``torch.compile`` or a ``TorchDispatchMode``; Shaw and CoPE only under a causal
+mask. Each kernel compiles once per length (and CoPE band width; static shapes, 5-30 s
+on 2 cores, then cached on disk by inductor) and is never recompiled at a shape it has
+seen: dynamic shapes fail to build the Shaw kernel in torch 2.13 (a C++ compile error),
+so every kernel is static.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ import functools
 
 import torch
 from torch import Tensor
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from posenc.attention.blocks import offset_table
 from posenc.attention.masking import Masking
@@ -88,6 +90,8 @@ def flex_refusal(
         return f"{type(position).__name__} has no FlexAttention form"
     if torch.compiler.is_compiling():
         return "it compiles its own kernel; call it outside torch.compile"
+    if _get_current_dispatch_mode() is not None:  # e.g. peak_tensor_bytes' memory count
+        return "a TorchDispatchMode is active, which FlexAttention's operator does not support"
     if q.device.type != "cpu" or q.dtype != torch.float32:
         return f"it runs float32 CPU tensors only, got {q.dtype} on {q.device.type}"
     needs_grad = any(t.requires_grad for t in params)
