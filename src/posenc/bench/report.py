@@ -117,7 +117,7 @@ def _floor_targets(group: Group, label: str) -> list[Target]:
                     out.append(Target(label, f"{layout}: ÷ clone{tag}", ratio, 1.2, True))
                 ratio = _ratio(group, in_place, FLOOR, worst=worst)
                 if ratio is not None:
-                    out.append(Target(label, f"{layout} in place: ÷ floor{tag}", ratio, 1.1, True))
+                    out.append(Target(label, f"{layout}_: ÷ floor{tag}", ratio, 1.1, True))
     return out
 
 
@@ -206,10 +206,11 @@ def print_targets(console: Console, targets: list[Target], *, quick: bool) -> No
         return
     table = _table("targets (ratios within this run)")
     table.add_column("group", no_wrap=True)
-    table.add_column("ratio", no_wrap=True)
-    for column in ("measured", "limit", "met"):
+    table.add_column("target", no_wrap=True)
+    for column in ("value", "limit", "met"):
         table.add_column(column, justify="right")
     for t in targets:
         limit = f"{'≤' if t.at_most else '≥'} {t.limit:g}"
         table.add_row(t.group, t.what, format_ratio(t.value), limit, "yes" if t.met else "NO")
     console.print(table)
+    console.print("  half_, intl_: in place; clone: copy into a fresh tensor; floor: preallocated")
