@@ -9,7 +9,7 @@ median and on the maximum of the round-robin repeats (``bias_targets``).
 
 Shapes: ``B`` batch (1), ``T`` length, ``C`` d_model, ``H`` heads. For every registered
 encoding with a SCORE (or VALUE) site, ``posenc.MultiHeadAttention`` runs a causal
-forward pass on ``x [1, T, C]`` with its default backend (FlexAttention from 1024
+forward pass on ``x [1, T, C]`` with its default backend (FlexAttention from 2048
 tokens where it applies, else query blocks; the bias computation is included), against
 the same layer without a position (one SDPA causal call). Peak memory (counted on the
 query-block path: FlexAttention does not run under the counting dispatch mode) compares
