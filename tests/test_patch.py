@@ -4,6 +4,8 @@ them in its config, the two length policies, exact unpatch, and bad input."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -228,6 +230,62 @@ def test_monotone_policy_keeps_cached_keys_consistent(family, num_layers, tmp_pa
     assert drift[1] > 10 * max(drift[0], 64 * ids.shape[1] * eps)  # well past it
 
 
+def _in_threads(target, count: int) -> None:
+    """Run ``target(i)`` for ``i < count``, each in its own thread, and wait for all."""
+    workers = [threading.Thread(target=target, args=(i,)) for i in range(count)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+
+
+def test_monotone_policy_follows_each_cache_not_the_last_sequence(tmp_path_factory):
+    """Sequences decoded in turns through one patched model, in one thread and in several:
+    each cached step equals a full forward of its own sequence, though another sequence
+    reached a longer length (whose frequencies the shared rotary module held)."""
+    model_cls, folder = _saved(tmp_path_factory, "llama", **DYNAMIC)
+    patched, fresh = patch(_load(model_cls, folder)), patch(_load(model_cls, folder))
+    ids = torch.randint(0, VOCAB, (4, 20), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        short, long = (transformers.DynamicCache(config=patched.config) for _ in range(2))
+        patched(ids[:1, :12], past_key_values=short, use_cache=True)  # past the original 10
+        patched(ids[1:2, :19], past_key_values=long, use_cache=True)
+        step = patched(ids[:1, 12:13], past_key_values=short, use_cache=True).logits
+        _close(step, fresh(ids[:1, :13]).logits[:, -1:], 13)
+    caches = [transformers.DynamicCache(config=patched.config) for _ in range(4)]
+    errors = []
+
+    def decode(row):
+        try:
+            with torch.no_grad():
+                patched(ids[row : row + 1, : 3 + 2 * row], past_key_values=caches[row])
+                for t in range(3 + 2 * row, 16):
+                    patched(ids[row : row + 1, t : t + 1], past_key_values=caches[row])
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    _in_threads(decode, 4)
+    assert not errors, errors
+    with torch.no_grad():
+        for row, cache in enumerate(caches):
+            step = patched(ids[row : row + 1, 16:17], past_key_values=cache).logits
+            _close(step, fresh(ids[row : row + 1, :17]).logits[:, -1:], 17)
+
+
+def test_a_forward_that_raises_ends_its_turn(tmp_path_factory):
+    """Forwards of a model with a length-dependent table take turns; one that raises (an
+    out-of-vocabulary id) lets the next one, from another thread, run."""
+    model_cls, folder = _saved(tmp_path_factory, "llama", **DYNAMIC)
+    patched = patch(_load(model_cls, folder))
+    with pytest.raises(IndexError), torch.no_grad():
+        patched(torch.full((1, 4), VOCAB + 5))
+    done = []
+    worker = threading.Thread(target=lambda: done.append(patched(torch.zeros(1, 4).long())))
+    worker.start()
+    worker.join(timeout=120)
+    assert done and done[0].logits.shape == (1, 4, VOCAB)
+
+
 def test_unsupported_family_and_bad_scalings_raise(tmp_path_factory):
     gpt2 = transformers.GPT2LMHeadModel(
         transformers.GPT2Config(vocab_size=VOCAB, n_embd=16, n_layer=1, n_head=2)
@@ -283,7 +341,6 @@ def test_patch_state_belongs_to_the_model(tmp_path_factory):
     original's cache is untouched); nesting and pickling are refused by name."""
     import copy
     import pickle
-    import threading
 
     model_cls, folder = _saved(tmp_path_factory, "llama", **DYNAMIC)
     patched = patch(_load(model_cls, folder))
@@ -322,11 +379,7 @@ def test_patch_state_belongs_to_the_model(tmp_path_factory):
         except BaseException as exc:  # reported below
             errors.append(exc)
 
-    workers = [threading.Thread(target=decode, args=(s,)) for s in range(4)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
+    _in_threads(decode, 4)
     assert not errors, errors
 
 
