@@ -232,7 +232,7 @@ class Runner:
             ),
             "final_loss": result.final_loss,
             "curve": result.curve,
-            "stop": _stop(config, result.steps, checks, losses),
+            "stop": _stop(config, checks, losses),
         }
         if held is not None:
             record["train"]["validation"] = {
@@ -282,7 +282,7 @@ def _plateau(losses: list[list[float]], config: LabConfig) -> bool:
     return plateaued([loss for _, loss in losses], config.plateau, config.plateau_eps)
 
 
-def _stop(config: LabConfig, steps: int, checks: list, losses: list) -> str:
+def _stop(config: LabConfig, checks: list, losses: list) -> str:
     """Why training ended: ``fixed``, ``plateau``, ``learned`` or ``budget``."""
     if config.step_cap is None:
         return "fixed"
