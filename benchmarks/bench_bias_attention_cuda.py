@@ -22,8 +22,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import random
-import statistics
 import sys
 
 import torch
@@ -33,6 +31,7 @@ from posenc.attention.backends import attend
 from posenc.attention.masking import Masking
 from posenc.base import Site, build, info
 from posenc.bench.bias_attention import score_encodings
+from posenc.bench.triton_rope import time_cuda
 
 CALLS = 5
 FLOOR = "SDPA causal"
@@ -65,25 +64,6 @@ def _flex_alibi(heads: int):
     return call
 
 
-def _time(cases: dict, repeats: int) -> dict:
-    """Median and max ms per call of each case, round-robin in a seeded random order."""
-    for fn in cases.values():
-        fn()
-    torch.cuda.synchronize()
-    order, names = random.Random(0), list(cases)
-    ms: dict[str, list[float]] = {name: [] for name in names}
-    for _ in range(repeats):
-        for name in order.sample(names, len(names)):
-            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(CALLS):
-                cases[name]()
-            stop.record()
-            stop.synchronize()
-            ms[name].append(start.elapsed_time(stop) / CALLS)
-    return {name: (statistics.median(t), max(t)) for name, t in ms.items()}
-
-
 def run(sizes, repeats: int, heads: int, head_dim: int, encodings) -> list[dict]:
     """One row per (encoding, T, case): median/max ms and the ratios to SDPA causal."""
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -114,9 +94,10 @@ def run(sizes, repeats: int, heads: int, head_dim: int, encodings) -> list[dict]
                 f"posenc {full}": functools.partial(bias, backend=full),
             }
             with torch.no_grad():
-                stats = _time(cases, repeats)
-            floor = stats[FLOOR][0]
-            for case, (median, worst) in stats.items():
+                stats = time_cuda(cases, repeats, warmup=1, calls=CALLS)
+            floor = stats[FLOOR].median_ms
+            for case, times in stats.items():
+                median, worst = times.median_ms, times.max_ms
                 row = {"encoding": name, "T": length, "case": case, "median_ms": median}
                 row |= {"max_ms": worst, "median_vs_sdpa": median / floor}
                 row["max_vs_sdpa"] = worst / floor

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from posenc.bench.timing import Group, Stats
 
-__all__ = ["SHAPES", "triton_rope_groups", "unavailable_reason"]
+__all__ = ["SHAPES", "time_cuda", "triton_rope_groups", "unavailable_reason"]
 
 SHAPES = ((4, 16, 2048, 64), (1, 32, 8192, 128))
 QUICK_SHAPES = ((1, 2, 64, 32),)
@@ -98,8 +98,11 @@ def _cases(shape: tuple[int, ...], dtype: torch.dtype) -> dict[str, Callable[[],
     return cases
 
 
-def _time(cases: dict[str, Callable[[], object]], repeats: int, warmup: int) -> dict[str, Stats]:
-    """Seconds per call of each case, from CUDA events, in a new random order each round."""
+def time_cuda(
+    cases: dict[str, Callable[[], object]], repeats: int, warmup: int, calls: int = CALLS
+) -> dict[str, Stats]:
+    """Time per call of each case, from CUDA events around ``calls`` back-to-back calls,
+    in a new random order each round."""
     for _ in range(warmup):
         for fn in cases.values():
             fn()
@@ -110,11 +113,11 @@ def _time(cases: dict[str, Callable[[], object]], repeats: int, warmup: int) -> 
         for name in order.sample(names, len(names)):
             start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            for _ in range(CALLS):
+            for _ in range(calls):
                 cases[name]()
             stop.record()
             stop.synchronize()
-            seconds[name].append(start.elapsed_time(stop) / 1e3 / CALLS)
+            seconds[name].append(start.elapsed_time(stop) / 1e3 / calls)
     return {name: Stats.of(s) for name, s in seconds.items()}
 
 
@@ -126,7 +129,7 @@ def triton_rope_groups(*, quick: bool, repeats: int, warmup: int) -> list[Group]
     groups = []
     for shape in QUICK_SHAPES if quick else SHAPES:
         for dtype in (torch.float32, torch.bfloat16):
-            stats = _time(_cases(shape, dtype), repeats, warmup)
+            stats = time_cuda(_cases(shape, dtype), repeats, warmup)
             name = str(dtype).removeprefix("torch.")
             info = {"shape": list(shape), "dtype": name, "device": device}
             title = f"GPU RoPE {list(shape)} {name} on {device}, q and k"
