@@ -52,8 +52,7 @@ def sink_key(
     if attn_mask is None:
         attn_mask = q.new_zeros(1, 1, 1, k.shape[-2] - 1)
     elif attn_mask.dtype == torch.bool:
-        bool_mask = attn_mask
-        attn_mask = q.new_zeros(bool_mask.shape).masked_fill_(~bool_mask, float("-inf"))
+        attn_mask = q.new_zeros(attn_mask.shape).masked_fill_(~attn_mask, float("-inf"))
     heads = q.shape[1]
     attn_mask = attn_mask.to(q.dtype).expand(attn_mask.shape[0], heads, *attn_mask.shape[2:])
     return k, v, torch.cat((attn_mask, _column(sinks, attn_mask, q.dtype)), dim=-1)
