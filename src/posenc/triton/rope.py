@@ -32,6 +32,50 @@ _TILE = 4096  # elements of one (position, pair) tile per program
 
 
 @triton.jit
+def _tile(
+    x_ptr, out_ptr, cos_ptr, sin_ptr, heads, length, t_blocks, sxb, sxh, sxt, sob, soh, sot,
+    scb, sct,
+    HALF: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    INVERSE: tl.constexpr,
+):  # fmt: skip
+    """This program's ``BLOCK_T`` positions of one ``(batch, head)`` row: which exist, the
+    ``[BLOCK_T, BLOCK_HALF]`` mask of their pairs, the row pointers of ``x`` and the output
+    ``[BLOCK_T, 1]``, and their ``cos``/``sin`` (``-sin`` when ``INVERSE``)."""
+    pid = tl.program_id(0)
+    row = pid // t_blocks  # b * H + h
+    b = (row // heads).to(tl.int64)
+    h = (row % heads).to(tl.int64)
+    t = (pid % t_blocks) * BLOCK_T + tl.arange(0, BLOCK_T)  # [BLOCK_T]
+    i = tl.arange(0, BLOCK_HALF)  # [BLOCK_HALF]
+    t_ok = t < length
+    mask = t_ok[:, None] & (i < HALF)[None, :]
+    t64 = t.to(tl.int64)[:, None]
+    x_row = x_ptr + b * sxb + h * sxh + t64 * sxt  # [BLOCK_T, 1] pointers
+    o_row = out_ptr + b * sob + h * soh + t64 * sot
+    table = b * scb + t64 * sct + i[None, :]
+    cos = tl.load(cos_ptr + table, mask=mask, other=0.0)
+    sin = tl.load(sin_ptr + table, mask=mask, other=0.0)
+    if INVERSE:
+        sin = -sin
+    return t_ok, mask, x_row, o_row, cos, sin
+
+
+@triton.jit
+def _copy_rest(
+    x_row, o_row, t_ok, sx, so,
+    START: tl.constexpr,
+    COUNT: tl.constexpr,
+    BLOCK: tl.constexpr,
+):  # fmt: skip
+    """Partial rotary, out of place: copy ``COUNT`` elements from ``START`` of each row."""
+    j = START + tl.arange(0, BLOCK)
+    keep = t_ok[:, None] & (j < START + COUNT)[None, :]
+    tl.store(o_row + j[None, :] * so, tl.load(x_row + j[None, :] * sx, mask=keep), mask=keep)
+
+
+@triton.jit
 def _rope_kernel(
     x_ptr,
     out_ptr,
@@ -58,22 +102,11 @@ def _rope_kernel(
     INTERLEAVED: tl.constexpr,
     INVERSE: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    row = pid // t_blocks  # b * H + h
-    b = (row // heads).to(tl.int64)
-    h = (row % heads).to(tl.int64)
-    t = (pid % t_blocks) * BLOCK_T + tl.arange(0, BLOCK_T)  # [BLOCK_T]
+    t_ok, mask, x_row, o_row, cos, sin = _tile(
+        x_ptr, out_ptr, cos_ptr, sin_ptr, heads, length, t_blocks, sxb, sxh, sxt, sob, soh, sot,
+        scb, sct, HALF, BLOCK_T, BLOCK_HALF, INVERSE,
+    )  # fmt: skip
     i = tl.arange(0, BLOCK_HALF)  # [BLOCK_HALF]
-    t_ok = t < length
-    mask = t_ok[:, None] & (i < HALF)[None, :]
-    t64 = t.to(tl.int64)[:, None]
-    x_row = x_ptr + b * sxb + h * sxh + t64 * sxt  # [BLOCK_T, 1] pointers
-    o_row = out_ptr + b * sob + h * soh + t64 * sot
-    table = b * scb + t64 * sct + i[None, :]
-    cos = tl.load(cos_ptr + table, mask=mask, other=0.0)
-    sin = tl.load(sin_ptr + table, mask=mask, other=0.0)
-    if INVERSE:
-        sin = -sin
     kind = out_ptr.dtype.element_ty
     if INTERLEAVED:  # whole pairs [BLOCK_T, BLOCK_HALF, 2]: consecutive features per load
         feature = 2 * i[:, None] + tl.arange(0, 2)[None, :]  # [BLOCK_HALF, 2]
@@ -88,9 +121,7 @@ def _rope_kernel(
         tl.store(o_row + i[None, :] * sod, (a * cos - b_ * sin).to(kind), mask=mask)
         tl.store(o_row + (i + HALF)[None, :] * sod, (a * sin + b_ * cos).to(kind), mask=mask)
     if PASS > 0:  # partial rotary, out of place: copy the features past R
-        j = 2 * HALF + tl.arange(0, BLOCK_PASS)
-        keep = t_ok[:, None] & (j < 2 * HALF + PASS)[None, :]
-        tl.store(o_row + j[None, :] * sod, tl.load(x_row + j[None, :] * sxd, mask=keep), mask=keep)
+        _copy_rest(x_row, o_row, t_ok, sxd, sod, 2 * HALF, PASS, BLOCK_PASS)
 
 
 @triton.jit
@@ -125,22 +156,11 @@ def _rope_words_kernel(
     half), strides in words. Each pair is one contiguous load, split by shifts and
     bitcasts in registers, so the loads are as wide as a copy's.
     """
-    pid = tl.program_id(0)
-    row = pid // t_blocks
-    b = (row // heads).to(tl.int64)
-    h = (row % heads).to(tl.int64)
-    t = (pid % t_blocks) * BLOCK_T + tl.arange(0, BLOCK_T)
-    i = tl.arange(0, BLOCK_HALF)
-    t_ok = t < length
-    mask = t_ok[:, None] & (i < HALF)[None, :]
-    t64 = t.to(tl.int64)[:, None]
-    x_row = x_ptr + b * sxb + h * sxh + t64 * sxt
-    o_row = out_ptr + b * sob + h * soh + t64 * sot
-    table = b * scb + t64 * sct + i[None, :]
-    cos = tl.load(cos_ptr + table, mask=mask, other=0.0)
-    sin = tl.load(sin_ptr + table, mask=mask, other=0.0)
-    if INVERSE:
-        sin = -sin
+    t_ok, mask, x_row, o_row, cos, sin = _tile(
+        x_ptr, out_ptr, cos_ptr, sin_ptr, heads, length, t_blocks, sxb, sxh, sxt, sob, soh, sot,
+        scb, sct, HALF, BLOCK_T, BLOCK_HALF, INVERSE,
+    )  # fmt: skip
+    i = tl.arange(0, BLOCK_HALF)  # [BLOCK_HALF]
     BITS: tl.constexpr = FLOAT.primitive_bitwidth
     half_int: tl.constexpr = tl.int32 if BITS == 32 else tl.int16
     word = x_ptr.dtype.element_ty
@@ -151,9 +171,7 @@ def _rope_words_kernel(
     hi = (a * sin + b_ * cos).to(FLOAT).to(half_int, bitcast=True).to(word) << BITS
     tl.store(o_row + i[None, :], hi | lo, mask=mask)
     if PASS > 0:  # partial rotary, out of place: copy the words past R
-        j = HALF + tl.arange(0, BLOCK_PASS)
-        keep = t_ok[:, None] & (j < HALF + PASS)[None, :]
-        tl.store(o_row + j[None, :], tl.load(x_row + j[None, :], mask=keep), mask=keep)
+        _copy_rest(x_row, o_row, t_ok, 1, 1, HALF, PASS, BLOCK_PASS)
 
 
 def _check(x: Tensor, cos: Tensor, sin: Tensor) -> None:
