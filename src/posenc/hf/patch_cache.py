@@ -64,7 +64,7 @@ class CacheTracker:
         self._history: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # cache -> [B, N]
         self._inputs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # cache -> (name, x)
         self._local = threading.local()
-        self._turn = threading.RLock()  # re-entered by the recomputation's own forward
+        self._turn = threading.RLock()  # start to finish; a recomputing forward skips both
 
     def __deepcopy__(self, memo: dict) -> CacheTracker:
         return CacheTracker(self.policy, self.length_dependent)
