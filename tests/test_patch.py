@@ -125,6 +125,41 @@ def test_patched_model_gives_the_original_logits_and_tokens(family, tmp_path_fac
         torch.testing.assert_close(model(ids).logits, expected, rtol=0, atol=0)
 
 
+def _swap_before_the_last_layer(model, swap, when: int):
+    """A pre-hook on the model's last decoder layer that calls ``swap(model)`` on its
+    ``when``-th call: that forward's tables were made before the swap, its last layer's
+    rotation after it (what another thread's ``patch``/``unpatch`` can do to a forward)."""
+    layers = [m for name, m in model.named_modules() if name.endswith("layers.1")]
+    calls = []
+
+    def hook(module, args):
+        calls.append(len(calls))
+        if len(calls) == when:
+            swap(model)
+
+    return layers[0].register_forward_pre_hook(hook)
+
+
+@pytest.mark.parametrize("swap", ["patch", "unpatch"])
+@pytest.mark.parametrize("family", ["llama", "cohere", "gemma3_text", "phi3", "gpt_neox", "glm"])
+def test_patch_or_unpatch_inside_a_forward_keeps_it_exact(family, swap, tmp_path_factory):
+    """The patched tables take the original's format (cat or repeat_interleave order,
+    partial widths, two layer types), so a generating forward whose tables and rotations
+    come from both sides of a swap gives the original's tokens and logits."""
+    model_cls, folder = _saved(tmp_path_factory, family)
+    model = _load(model_cls, folder)
+    ids = torch.randint(0, VOCAB, (2, PROMPT), generator=torch.Generator().manual_seed(3))
+    tokens, logits = _greedy(model, ids)
+    if swap == "unpatch":
+        patch(model)
+    handle = _swap_before_the_last_layer(model, patch if swap == "patch" else unpatch, 3)
+    got_tokens, got_logits = _greedy(model, ids)
+    handle.remove()
+    assert hasattr(model, "_posenc_patch") == (swap == "patch")
+    torch.testing.assert_close(got_tokens, tokens, rtol=0, atol=0)
+    _close(got_logits, logits, PROMPT + NEW)
+
+
 def test_left_padded_batch_generates_the_original_tokens(tmp_path_factory):
     """Per-sequence positions ``[B, T]`` (left padding): cos/sin per row."""
     model_cls, folder = _saved(tmp_path_factory, "llama")
@@ -316,10 +351,13 @@ def test_unsupported_family_and_bad_scalings_raise(tmp_path_factory):
         patch(torch.nn.Linear(2, 2))
 
 
+@pytest.mark.parametrize("swap", [None, "patch", "unpatch"])
 @pytest.mark.parametrize("family", ["llama", "cohere"])
-def test_bfloat16_patch_is_as_close_to_float32_as_the_original(family):
+def test_bfloat16_patch_is_as_close_to_float32_as_the_original(family, swap):
     """bf16 is not identical (rounding differs at every layer); what holds: the patched
-    bf16 model is about as far from the float32 model as transformers' own bf16 model."""
+    bf16 model is about as far from the float32 model as transformers' own bf16 model.
+    ``swap``: patch or unpatch between two layers of the forward, whose tables, bf16 as
+    transformers hands them out, serve both sides and keep it in bf16."""
     torch.manual_seed(0)
     config = _config(family, initializer_range=0.1, max_position_embeddings=512)
     model_cls = getattr(transformers, FAMILIES[family][1])
@@ -331,9 +369,13 @@ def test_bfloat16_patch_is_as_close_to_float32_as_the_original(family):
     with torch.no_grad():
         want = reference(ids).logits.double()
         original = (model(ids).logits.double() - want).abs().max()
-        patch(model)
-        patched = (model(ids).logits.double() - want).abs().max()
-    assert patched <= 2 * original
+        if swap != "patch":
+            patch(model)
+        if swap is not None:
+            _swap_before_the_last_layer(model, patch if swap == "patch" else unpatch, 1)
+        got = model(ids).logits
+    assert got.dtype == torch.bfloat16
+    assert (got.double() - want).abs().max() <= 2 * original
 
 
 def test_patch_state_belongs_to_the_model(tmp_path_factory):

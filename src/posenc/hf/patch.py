@@ -26,14 +26,17 @@ decoding step equals a full forward over the sequence, for any number of layers;
 ``"transformers"`` reproduces transformers (frequencies from each call's length, cached keys
 left as they were rotated).
 
-Numerics: posenc forms the angles in float64 and rotates float32 inputs in float32 (bf16 and
-fp16 inputs in float32, rounded once), where transformers forms ``position * inv_freq`` in
-float32 and rotates in the model's dtype. In float32 a patched model's logits equal the
-original's to float32 rounding (a tolerance growing with the length and the layers) and its
-greedy tokens are identical in the tests. In bfloat16 they are not identical: each model
-rounds differently at every layer, so the patched and the original bf16 models are about
-equally far from the float32 model (the tests bound the patched one's error by twice the
-original's) and greedy tokens may differ where two logits are within bf16 rounding.
+Numerics: posenc forms the angles and cos/sin in float64 and rotates float32 inputs in
+float32 (bf16 and fp16 inputs in float32, rounded once), where transformers forms ``position
+* inv_freq`` in float32 and rotates in the model's dtype. The tables are handed out in the
+original's width and dtype (bf16 in a bf16 model, as transformers' own), so that a forward
+running in another thread while ``patch``/``unpatch`` swaps the modules stays consistent. In
+float32 a patched model's logits equal the original's to float32 rounding (a tolerance
+growing with the length and the layers) and its greedy tokens are identical in the tests. In
+bfloat16 they are not identical: each model rounds differently at every layer, so the
+patched and the original bf16 models are about equally far from the float32 model (the tests
+bound the patched one's error by twice the original's) and greedy tokens may differ where
+two logits are within bf16 rounding.
 """
 
 from __future__ import annotations
@@ -55,7 +58,14 @@ from posenc.hf.config import as_config_dict, config_family, rope_from_hf_config
 from posenc.hf.layers import from_hf_config
 from posenc.hf.normalize import ReadConfig
 from posenc.hf.patch_cache import NOT_PICKLED, CacheTracker, TrackerPostHook, TrackerPreHook
-from posenc.hf.patch_rotation import Rotation, measure_rotation, rebind, rotation_methods
+from posenc.hf.patch_rotation import (
+    Rotation,
+    TableFormat,
+    measure_rotation,
+    measure_tables,
+    rebind,
+    rotation_methods,
+)
 
 __all__ = ["PatchedRotary", "patch", "patch_encodings", "unpatch"]
 
@@ -80,6 +90,9 @@ class PatchedRotary(nn.Module):
         original: the module replaced (kept as a child, so it follows ``.to()``).
         arrangement: how the original hands out its tables, which the attention modules
             unpack: ``"cos_sin"``, ``"sin_cos"`` (GPT-J) or ``"complex"`` (``freqs_cis``).
+        tables: the width and dtype of the original's cos/sin tables (measured), which
+            this module's tables take, so that an attention module gets the same format
+            before, during and after a patch.
     """
 
     def __init__(
@@ -88,12 +101,14 @@ class PatchedRotary(nn.Module):
         tracker: CacheTracker,
         original: nn.Module,
         arrangement: str = "cos_sin",
+        tables: TableFormat | None = None,
     ) -> None:
         super().__init__()
         self.encodings = nn.ModuleDict({str(k): v for k, v in encodings.items()})
         self.tracker = tracker
         self.original = original
         self.arrangement = arrangement
+        self.tables = TableFormat() if tables is None else tables
 
     def __getattr__(self, name: str) -> Any:
         """Attributes the model reads from its rotary module (``layer_types`` ...) come
@@ -106,8 +121,9 @@ class PatchedRotary(nn.Module):
     def forward(
         self, x: Tensor, position_ids: Tensor, layer_type: str | None = None
     ) -> Tensor | tuple[Tensor, Tensor]:
-        """The tables of ``position_ids [B, T]``, each ``[B, T, R/2]`` (float32, or float64
-        for a float64 ``x``) in the original's arrangement, after the length policy ran."""
+        """The tables of ``position_ids [B, T]`` in the original's arrangement, width and
+        dtype (``[B, T, R/2]`` or ``[B, T, R]``; ``x``'s dtype for most families), after the
+        length policy ran; angles and cos/sin in float64, rounded once."""
         if str(layer_type) not in self.encodings:
             raise ValueError(
                 f"layer_type={layer_type!r} has no rotary embedding; patched types: "
@@ -118,6 +134,7 @@ class PatchedRotary(nn.Module):
         cos, sin = encoding.cos_sin(position_ids.to(x.device), dtype=x.dtype)
         if self.arrangement == "complex":
             return torch.complex(cos, sin)
+        cos, sin = self.tables.expand(cos, x.dtype), self.tables.expand(sin, x.dtype)
         return (sin, cos) if self.arrangement == "sin_cos" else (cos, sin)
 
 
@@ -285,21 +302,29 @@ class _PatchedMethod:
         raise TypeError(NOT_PICKLED)
 
 
-def _arrangement(original: nn.Module, encodings: dict, width_x: int) -> tuple[str, Any, str]:
+def _arrangement(
+    original: nn.Module, encodings: dict, width_x: int
+) -> tuple[str, Any, str, Tensor | None]:
     """How ``original`` hands out its tables, what it gives for positions ``[[0, 1, 2]]``,
-    and the layer type measured."""
+    the layer type measured, and its cos table for a bfloat16 input (None: complex)."""
     layer_type = next(iter(encodings))
     tensor = next(iter(original.buffers()), None)
     device = tensor.device if tensor is not None else torch.device("cpu")
     x = torch.zeros(1, 3, width_x, device=device)
     positions = torch.arange(3, device=device)[None]
-    real = original(x, positions) if layer_type is None else original(x, positions, layer_type)
+
+    def tables(x: Tensor) -> Any:
+        return original(x, positions) if layer_type is None else original(x, positions, layer_type)
+
+    real = tables(x)
     if isinstance(real, Tensor) and real.is_complex():
-        return "complex", real, str(layer_type)
+        return "complex", real, str(layer_type), None
     if not (isinstance(real, tuple) and len(real) == 2):
         raise ValueError(f"rotary_emb returned {type(real).__name__}, not (cos, sin)")
     zero = [bool((table[..., 0, :] == 0).all()) for table in real]  # sin(0) = 0
-    return ("sin_cos" if zero == [True, False] else "cos_sin"), real, str(layer_type)
+    arrangement = "sin_cos" if zero == [True, False] else "cos_sin"
+    cos_16bit = tables(x.to(torch.bfloat16))[int(arrangement == "sin_cos")]
+    return arrangement, real, str(layer_type), cos_16bit
 
 
 def _rotations(
@@ -307,18 +332,22 @@ def _rotations(
     original: nn.Module,
     encodings: dict[str | None, RotaryEmbedding],
     model_type: str,
-) -> tuple[str, dict[tuple[str, str], Rotation]]:
-    """The arrangement of the tables and a measured ``Rotation`` per rotation function."""
+) -> tuple[str, TableFormat, dict[tuple[str, str], Rotation]]:
+    """The arrangement and format of the tables and a measured ``Rotation`` per rotation
+    function."""
     some = next(iter(encodings.values()))
     try:
-        arrangement, real, layer_type = _arrangement(original, encodings, some.head_dim)
+        arrangement, real, layer_type, cos_16bit = _arrangement(original, encodings, some.head_dim)
+        encoding = encodings[None if layer_type == "None" else layer_type]
+        cos, sin = encoding.cos_sin(torch.arange(3)[None], dtype=torch.float32)
+        tables = TableFormat()
+        if cos_16bit is not None:
+            tables = measure_tables(real[int(arrangement == "sin_cos")].cpu(), cos, cos_16bit)
     except Exception as exc:
         raise ValueError(
             f"model_type {model_type!r} is not supported by posenc.hf.patch: its rotary_emb "
             f"could not be measured ({type(exc).__name__}: {exc})"
         ) from exc
-    encoding = encodings[None if layer_type == "None" else layer_type]
-    cos, sin = encoding.cos_sin(torch.arange(3)[None], dtype=torch.float32)
     floating = [b.dtype for b in original.buffers() if b.is_floating_point()]
     precision = max(floating, key=lambda d: torch.finfo(d).eps, default=torch.float32)
     found: dict[tuple[str, str], Rotation] = {}
@@ -337,13 +366,14 @@ def _rotations(
                         sin,
                         arrangement=arrangement,
                         precision=precision,
+                        table_format=tables,
                     )
                 except ValueError as exc:
                     raise ValueError(
                         f"model_type {model_type!r} is not supported by posenc.hf.patch: "
                         f"its rotation {exc}"
                     ) from exc
-    return arrangement, found
+    return arrangement, tables, found
 
 
 def _install(
@@ -468,12 +498,12 @@ def patch(
             "module calls a rotation function (apply_rotary_pos_emb or a variant)"
         )
     original = parent.rotary_emb
-    arrangement, rotations = _rotations(attentions, original, own, model_type)
+    arrangement, tables, rotations = _rotations(attentions, original, own, model_type)
     ids = _probe_ids(model) if verify else None
     expected = _probe(model, ids) if verify else None
     dependent = any(e.scaling.length_dependent for e in (*encodings.values(), *own.values()))
     tracker = CacheTracker(policy, dependent)
-    rotary = PatchedRotary(own, tracker, original, arrangement)
+    rotary = PatchedRotary(own, tracker, original, arrangement, tables)
     methods = _install(attentions, rotations)
     parent.rotary_emb = rotary
     signature = inspect.signature(parent.forward)

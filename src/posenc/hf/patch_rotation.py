@@ -37,6 +37,7 @@ __all__ = [
     "LAYOUTS",
     "TENSOR_ARGUMENTS",
     "Rotation",
+    "TableFormat",
     "measure_rotation",
     "rebind",
     "rotation_methods",
@@ -99,6 +100,65 @@ def rebind(fn: types.FunctionType, replacements: Mapping[str, Callable]) -> type
     return new
 
 
+@dataclass(frozen=True)
+class TableFormat:
+    """How a model's ``rotary_emb`` hands out one table, measured on the module itself.
+
+    A patched model hands out its tables in this format, and ``Rotation`` reads them back,
+    so an attention module rotates correctly whichever side of a ``patch``/``unpatch`` its
+    forward's tables came from (a forward running in another thread at that moment).
+
+    Args:
+        width: ``"half"`` (one value per pair, ``[B, T, R/2]``), ``"cat"`` (the pairs'
+            values twice, ``cat(t, t)``: ``[B, T, R]``) or ``"repeat"`` (each value twice
+            in a row, ``repeat_interleave(t, 2)``).
+        dtype: the tables' dtype, or None where it is the input's (``cos.to(x.dtype)``).
+    """
+
+    width: str = "half"
+    dtype: torch.dtype | None = None
+
+    def expand(self, table: Tensor, x_dtype: torch.dtype) -> Tensor:
+        """posenc's ``[B, T, R/2]`` table in this format."""
+        table = table.to(x_dtype if self.dtype is None else self.dtype)
+        if self.width == "cat":
+            return torch.cat((table, table), dim=-1)
+        return table.repeat_interleave(2, dim=-1) if self.width == "repeat" else table
+
+    def reduce(self, table: Tensor) -> Tensor:
+        """A table of this format as posenc's ``[B, T, R/2]`` (a view)."""
+        if self.width == "cat":
+            return table[..., : table.shape[-1] // 2]
+        return table[..., ::2] if self.width == "repeat" else table
+
+
+def measure_tables(real: Tensor, cos: Tensor, real_16bit: Tensor) -> TableFormat:
+    """The ``TableFormat`` of a model's cos table.
+
+    Args:
+        real: the model's cos table for positions ``[[0, 1, 2]]`` and a float32 input.
+        cos: posenc's for the same positions, ``[1, 3, R/2]``.
+        real_16bit: the model's cos table for a bfloat16 input.
+
+    Raises:
+        ValueError: a width that is neither ``R/2`` nor ``R``.
+    """
+    half = cos.shape[-1]
+    dtype = None if real_16bit.dtype == torch.bfloat16 else real_16bit.dtype
+    if real.shape[-1] == half:
+        return TableFormat("half", dtype)
+    if real.shape[-1] != 2 * half:
+        raise ValueError(
+            f"its rotary_emb hands out tables of width {real.shape[-1]}, neither the "
+            f"{half} rotated pairs nor twice as many"
+        )
+    gaps = {
+        width: float((real.float() - TableFormat(width).expand(cos, torch.float32)).abs().max())
+        for width in ("cat", "repeat")
+    }
+    return TableFormat(min(gaps, key=gaps.__getitem__), dtype)
+
+
 @dataclass
 class Rotation:
     """posenc's stand-in for one rotation function (its signature, posenc's rotation).
@@ -109,19 +169,21 @@ class Rotation:
         heads_axis: where the heads axis of q/k is when the function has no
             ``unsqueeze_dim`` (1: ``[B, H, T, D]``; 2: ``[B, T, H, D]``).
         sign: -1 where the function turns pairs by ``-theta`` (NanoChat's ``rotate_half``).
+        tables: the format of the cos/sin tables it is handed (read back to ``[B, T, R/2]``).
     """
 
     signature: inspect.Signature
     layout: str
     heads_axis: int = 1
     sign: int = 1
+    tables: TableFormat = field(default_factory=TableFormat)
     calls: int = field(default=0, compare=False)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         bound = self.signature.bind(*args, **kwargs)
         bound.apply_defaults()
         values = bound.arguments
-        cos, sin = _tables(values)
+        cos, sin = (self.tables.reduce(t) for t in _tables(values))
         sin = sin if self.sign == 1 else -sin
         axis = values.get("unsqueeze_dim", self.heads_axis)
         self.calls += 1
@@ -179,6 +241,7 @@ def measure_rotation(
     *,
     arrangement: str,
     precision: torch.dtype = torch.float32,
+    table_format: TableFormat | None = None,
 ) -> Rotation:
     """The ``Rotation`` that reproduces ``fn`` on the model's own tables.
 
@@ -191,6 +254,8 @@ def measure_rotation(
         arrangement: ``"cos_sin"``, ``"sin_cos"`` or ``"complex"`` (one ``freqs_cis``).
         precision: the coarsest floating dtype of the rotary module's buffers (its
             ``inv_freq`` is bfloat16 after ``model.to(torch.bfloat16)``): sets the tolerance.
+        table_format: the format of the tables the rotation is handed (``measure_tables``; None:
+            posenc's own ``[B, T, R/2]``).
 
     Raises:
         ValueError: no posenc layout reproduces ``fn`` (its name and the error given).
@@ -227,6 +292,7 @@ def measure_rotation(
         # the best layout must be within the tolerance and far ahead of the next one
         alone = len(ranked) == 1 or gaps[ranked[1]] > 4 * max(gaps[ranked[0]], tolerance / 64)
         if ranked and gaps[ranked[0]] <= tolerance and alone:
-            return Rotation(signature, ranked[0][0], axis, ranked[0][1])
+            layout, sign = ranked[0]
+            return Rotation(signature, layout, axis, sign, table_format or TableFormat())
         errors.append(f"heads at axis {axis}: no layout of {LAYOUTS} matches ({gaps})")
     raise ValueError(f"{fn.__name__}{signature}: {'; '.join(errors)}")
