@@ -79,6 +79,30 @@ def test_cope_band_narrower_than_the_sequence():
         assert position.band_bias(q, k, max_width=width // 2) is None
 
 
+@pytest.mark.parametrize(
+    ("dtype", "compiled"), [(torch.float32, True), (torch.float32, False), (torch.float64, False)]
+)
+@pytest.mark.parametrize("npos", [8, 64])  # bands of 32 offsets (7 blocks, padded) and of T
+def test_cope_band_equals_the_float64_bias(npos, dtype, compiled):
+    """Every band entry ``b_(i, i-d) - c_i`` (``d <= i``), eager and compiled, against the
+    float64 bias of eqs. (3)-(6) minus ``c_i = q_i . e[P - 1] / sqrt(D)``."""
+    position = posenc.build("cope", head_dim=D, npos_max=npos)
+    with torch.no_grad():
+        position.pos_emb.normal_()
+        q, k, _ = _qkv(dtype=dtype)
+        band = position.band_bias(q, k, max_width=T, compiled=compiled)  # [1, H, T, W]
+        q, k, emb = q.double(), k.double(), position.pos_emb.double()
+        bias = position.double().score_bias(q, k, torch.arange(T), torch.arange(T))
+    width = band.shape[-1]
+    assert width == min(4 * npos, T)
+    rows, offsets = torch.arange(T)[:, None], torch.arange(width)
+    keys = (rows - offsets).clamp(min=0)  # i - d
+    want = bias.gather(-1, keys.expand_as(band)) - (q @ emb[-1])[..., None] * D**-0.5
+    seen = offsets <= rows
+    tol = tolerances(dtype, ops=OPS + width)  # the gates' sum: one rounding per offset
+    torch.testing.assert_close(band.double()[..., seen], want[..., seen], **tol)
+
+
 def _layer(name: str, backend: str, dtype=torch.float32) -> MultiHeadAttention:
     torch.manual_seed(0)
     return MultiHeadAttention(C, H, position=name, backend=backend).to(dtype).eval()
@@ -157,9 +181,10 @@ def test_flex_refuses_encodings_without_a_flex_form(name):
         MultiHeadAttention(C, H, position=name, backend="flex")
 
 
-def test_no_recompilation_at_a_compiled_length():
+@pytest.mark.parametrize("name", ["fire", "cope"])
+def test_no_recompilation_at_a_compiled_length(name):
     counters = torch._dynamo.utils.counters
-    position = _encoding("fire")
+    position = _encoding(name)
     q, k, v = _qkv()
     pos = torch.arange(T)
     masking = Masking(True, pos, pos, aligned=True)

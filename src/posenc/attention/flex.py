@@ -15,8 +15,9 @@ causal mask hides are skipped. Per encoding:
 * CoPE: its gates are a cumulative sum over the keys, which no ``score_mod`` can
   compute; but once the sum from the diagonal reaches ``P - 1`` every farther key gets
   the same bias, a per-row constant the softmax ignores, so the bias minus that constant
-  is zero beyond a band of ``W`` offsets (``CoPE.band_bias``, ``[B, H, T, W]``, computed
-  by blocked matmuls), read in the band and zero beyond;
+  is zero beyond a band of ``W`` offsets (``CoPE.band_bias``, ``[B, H, T, W]``: one
+  batched matmul and one compiled kernel for gates, cumulative sum and interpolation),
+  read in the band and zero beyond;
 * Shaw et al.'s relative representations: the key term is ``q_i . w^K[r] / sqrt(D)``
   for the ``2K + 1`` clipped offsets ``r`` (``[B, H, T, 2K + 1]``), gathered by offset. The
   value term ``sum_j p_ij w^V[clip(j - i)]`` needs the probabilities of the ``K`` keys
@@ -35,7 +36,8 @@ outer ``torch.compile`` or a ``TorchDispatchMode``; Shaw and CoPE only under a c
 mask. Each kernel compiles once per length (and CoPE band width; static shapes, 5-30 s
 on 2 cores, then cached on disk by inductor) and is never recompiled at a shape it has
 seen: dynamic shapes fail to build the Shaw kernel in torch 2.13 (a C++ compile error),
-so every kernel is static.
+so every attention kernel is static. CoPE's band step (``cope_band_bias(compiled=True)``)
+is compiled with dynamic shapes: a few graphs serve every length and band width.
 """
 
 from __future__ import annotations
@@ -125,7 +127,7 @@ def flex_attend(
     if kind == "shaw":
         return _shaw(q, k, v, position, scale)
     if kind == "band":
-        band = position.band_bias(q, k, max_width=max_band or length)  # [B, H, T, W]
+        band = position.band_bias(q, k, max_width=max_band or length, compiled=True)
         if band is None:
             return None
         score_mod = _band_mod(band)

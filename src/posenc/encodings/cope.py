@@ -29,15 +29,20 @@ Negative positions: allowed; positions only decide which keys are visible
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor, nn
 
 from posenc._checks import check_bool, check_int, check_tensor
 from posenc._dtypes import compute_dtype
 from posenc.base import PositionalEncoding, Site, register
-from posenc.encodings._relative import band_dots, check_hook_inputs
+from posenc.encodings._relative import check_hook_inputs
 
 __all__ = ["CoPE", "cope_band_bias", "cope_bias", "cope_positions"]
+
+#: Compiled band steps kept per process (one per length and band width).
+_RECOMPILE_LIMIT = 64
 
 
 def cope_positions(q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, npos_max: int) -> Tensor:
@@ -104,7 +109,9 @@ def _interpolate(per_position: Tensor, p: Tensor) -> Tensor:
     return at_low + w * (at_high - at_low)
 
 
-def cope_band_bias(q: Tensor, k: Tensor, pos_emb: Tensor, *, max_width: int) -> Tensor | None:
+def cope_band_bias(
+    q: Tensor, k: Tensor, pos_emb: Tensor, *, max_width: int, compiled: bool = False
+) -> Tensor | None:
     """CoPE's bias near the diagonal, for queries and keys at positions ``0..T-1``.
 
     Once the gates summed from the diagonal reach ``P - 1``, every farther key sits at
@@ -117,29 +124,72 @@ def cope_band_bias(q: Tensor, k: Tensor, pos_emb: Tensor, *, max_width: int) -> 
         q, k: ``[B, H, T, D]`` at positions ``0..T-1`` (causal).
         pos_emb: ``e [P, D]``.
         max_width: the widest band returned.
+        compiled: compute each width with ``torch.compile`` (three fused loops around
+            two matrix products and the cumulative sum, instead of about 25 operations),
+            once per length and width; not inside an outer ``torch.compile``.
 
     Returns:
         ``band [B, H, T, W]`` in ``q``'s dtype, ``band[..., i, d] = b_(i, i-d) - c_i``
         (``d > i``: unused), or None when the band is wider than ``max_width``.
     """
-    length, dim = q.shape[-2], q.shape[-1]
-    npos = pos_emb.shape[0]
-    work = compute_dtype(q.dtype)
-    per_position = torch.matmul(q, pos_emb.to(q.dtype).T).to(work) * dim**-0.5  # [B, H, T, P]
+    length, npos = q.shape[-2], pos_emb.shape[0]
+    step = _compiled_band_step if compiled else _band_step
     width = 1 << max(4 * npos - 1, 1).bit_length()  # gates near 1/2 need ~2P keys
     while True:
         width = min(width, length)
         if width > max_width:
             return None
-        dots = band_dots(q, k, width).to(work) * dim**-0.5
-        offsets = torch.arange(width, device=q.device)
-        ahead = offsets > torch.arange(length, device=q.device)[:, None]  # key before 0
-        sums = torch.sigmoid(dots).masked_fill(ahead, 0.0).cumsum(-1)  # [B, H, T, W]
-        if width == length or bool((sums[..., width:, -1] >= npos - 1).all()):
-            break
+        band, reached = step(q, k, pos_emb.to(q.dtype), width)
+        if width == length or bool(reached):
+            return band
         width *= 2
+
+
+def _band_step(q: Tensor, k: Tensor, pos_emb: Tensor, width: int) -> tuple[Tensor, Tensor]:
+    """``cope_band_bias`` at one ``width``: the band ``[B, H, T, W]`` and whether every row
+    from ``W`` on sums its gates to ``P - 1`` within it (a bool tensor).
+
+    The band's dot products come from one batched product over blocks of ``W`` queries,
+    each against the ``2W - 1`` keys it reaches: an overlapping strided view of the keys,
+    left-padded with ``W - 1`` zero rows (keys before position 0, masked).
+    """
+    batch, heads, length, dim = q.shape
+    npos = pos_emb.shape[0]
+    work = compute_dtype(q.dtype)
+    blocks = (length + width - 1) // width
+    tail = blocks * width - length
+    reach = 2 * width - 1
+    q_blocks = nn.functional.pad(q, (0, 0, 0, tail)).view(batch, heads, blocks, width, dim)
+    keys = nn.functional.pad(k, (0, 0, width - 1, tail))  # [B, H, (blocks + 1) W - 1, D]
+    windows = keys.as_strided(  # block n: keys nW - W + 1 .. nW + W - 1
+        (batch, heads, blocks, reach, dim), (*keys.stride()[:2], width * dim, dim, 1)
+    )
+    scores = torch.matmul(q_blocks, windows.transpose(-2, -1)).contiguous()  # [B, H, n, W, 2W-1]
+    # row r, column r + W - 1 - d holds q_i . k_(i-d): a strided view, read backwards
+    dots = scores.as_strided(
+        (batch, heads, blocks, width, width), (*scores.stride()[:3], reach + 1, 1)
+    ).flip(-1)
+    dots = dots.reshape(batch, heads, blocks * width, width)[:, :, :length].to(work)
+    offsets = torch.arange(width, device=q.device)
+    ahead = offsets > torch.arange(length, device=q.device)[:, None]  # key before 0
+    sums = torch.sigmoid(dots * dim**-0.5).masked_fill(ahead, 0.0).cumsum(-1)  # [B, H, T, W]
+    reached = (sums[..., width:, -1] >= npos - 1).all()
+    per_position = torch.matmul(q, pos_emb.T).to(work) * dim**-0.5  # [B, H, T, P]
     bias = _interpolate(per_position, sums.clamp(max=npos - 1)) - per_position[..., -1:]
-    return bias.to(q.dtype)
+    return bias.to(q.dtype), reached
+
+
+def _compiled_band_step(q: Tensor, k: Tensor, pos_emb: Tensor, width: int) -> tuple[Tensor, Tensor]:
+    """``_band_step`` compiled for this shape. Static shapes: a band step compiled with
+    dynamic ones makes the FlexAttention kernel compiled after it fail to build (a C++
+    compile error in torch 2.13)."""
+    with torch._dynamo.config.patch(recompile_limit=_RECOMPILE_LIMIT):
+        return _band_compiler()(q, k, pos_emb, width)
+
+
+@functools.cache
+def _band_compiler():
+    return torch.compile(_band_step, dynamic=False, fullgraph=True)
 
 
 @register(
@@ -175,9 +225,11 @@ class CoPE(PositionalEncoding):
         """``[B, H, Tq, Tk]`` bias in ``q``'s dtype."""
         return cope_bias(q, k, q_pos, k_pos, self.pos_emb)
 
-    def band_bias(self, q: Tensor, k: Tensor, *, max_width: int) -> Tensor | None:
+    def band_bias(
+        self, q: Tensor, k: Tensor, *, max_width: int, compiled: bool = False
+    ) -> Tensor | None:
         """``cope_band_bias`` with this table (the ``flex`` attention backend's form)."""
-        return cope_band_bias(q, k, self.pos_emb.detach(), max_width=max_width)
+        return cope_band_bias(q, k, self.pos_emb.detach(), max_width=max_width, compiled=compiled)
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, npos_max={self.npos_max}"
