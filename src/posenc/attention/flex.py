@@ -16,7 +16,8 @@ causal mask hides are skipped. Per encoding:
   compute; but once the sum from the diagonal reaches ``P - 1`` every farther key gets
   the same bias, a per-row constant the softmax ignores, so the bias minus that constant
   is zero beyond a band of ``W`` offsets (``CoPE.band_bias``, ``[B, H, T, W]``: one
-  batched matmul and one compiled kernel for gates, cumulative sum and interpolation),
+  batched matmul and compiled loops for the gates, their cumulative sum and the
+  interpolation),
   read in the band and zero beyond;
 * Shaw et al.'s relative representations: the key term is ``q_i . w^K[r] / sqrt(D)``
   for the ``2K + 1`` clipped offsets ``r`` (``[B, H, T, 2K + 1]``), gathered by offset. The
@@ -36,8 +37,9 @@ outer ``torch.compile`` or a ``TorchDispatchMode``; Shaw and CoPE only under a c
 mask. Each kernel compiles once per length (and CoPE band width; static shapes, 5-30 s
 on 2 cores, then cached on disk by inductor) and is never recompiled at a shape it has
 seen: dynamic shapes fail to build the Shaw kernel in torch 2.13 (a C++ compile error),
-so every attention kernel is static. CoPE's band step (``cope_band_bias(compiled=True)``)
-is compiled with dynamic shapes: a few graphs serve every length and band width.
+so every kernel is static. CoPE's band step (``cope_band_bias(compiled=True)``) is
+compiled the same way, once per length and band width: compiled with dynamic shapes, it
+makes the FlexAttention kernel compiled after it fail to build.
 """
 
 from __future__ import annotations
