@@ -149,9 +149,10 @@ def _band_step(q: Tensor, k: Tensor, pos_emb: Tensor, width: int) -> tuple[Tenso
     """``cope_band_bias`` at one ``width``: the band ``[B, H, T, W]`` and whether every row
     from ``W`` on sums its gates to ``P - 1`` within it (a bool tensor).
 
-    The band's dot products come from one batched product over blocks of ``W`` queries,
-    each against the ``2W - 1`` keys it reaches: an overlapping strided view of the keys,
-    left-padded with ``W - 1`` zero rows (keys before position 0, masked).
+    One batched product over blocks of ``W`` queries gives both the band's dot products
+    and ``q . e``: each block against the ``2W - 1`` keys it reaches (an overlapping
+    strided view of the keys, left-padded with ``W - 1`` zero rows, keys before position
+    0, masked) followed by the ``P`` rows of ``e``.
     """
     batch, heads, length, dim = q.shape
     npos = pos_emb.shape[0]
@@ -164,17 +165,20 @@ def _band_step(q: Tensor, k: Tensor, pos_emb: Tensor, width: int) -> tuple[Tenso
     windows = keys.as_strided(  # block n: keys nW - W + 1 .. nW + W - 1
         (batch, heads, blocks, reach, dim), (*keys.stride()[:2], width * dim, dim, 1)
     )
-    scores = torch.matmul(q_blocks, windows.transpose(-2, -1)).contiguous()  # [B, H, n, W, 2W-1]
+    rows = torch.cat((windows, pos_emb.expand(batch, heads, blocks, npos, dim)), -2)
+    scores = torch.matmul(q_blocks, rows.transpose(-2, -1)) * dim**-0.5  # [B, H, n, W, R]
+    size = reach + npos  # R
     # row r, column r + W - 1 - d holds q_i . k_(i-d): a strided view, read backwards
     dots = scores.as_strided(
-        (batch, heads, blocks, width, width), (*scores.stride()[:3], reach + 1, 1)
+        (batch, heads, blocks, width, width), (*scores.stride()[:3], size + 1, 1)
     ).flip(-1)
     dots = dots.reshape(batch, heads, blocks * width, width)[:, :, :length].to(work)
+    per_position = scores[..., reach:].reshape(batch, heads, blocks * width, npos)
+    per_position = per_position[:, :, :length].to(work)  # [B, H, T, P]
     offsets = torch.arange(width, device=q.device)
     ahead = offsets > torch.arange(length, device=q.device)[:, None]  # key before 0
-    sums = torch.sigmoid(dots * dim**-0.5).masked_fill(ahead, 0.0).cumsum(-1)  # [B, H, T, W]
+    sums = torch.sigmoid(dots).masked_fill(ahead, 0.0).cumsum(-1)  # [B, H, T, W]
     reached = (sums[..., width:, -1] >= npos - 1).all()
-    per_position = torch.matmul(q, pos_emb.T).to(work) * dim**-0.5  # [B, H, T, P]
     bias = _interpolate(per_position, sums.clamp(max=npos - 1)) - per_position[..., -1:]
     return bias.to(q.dtype), reached
 
