@@ -15,6 +15,7 @@ keys are re-rotated when its frequencies change.
 
 from __future__ import annotations
 
+import inspect
 import random
 
 import torch
@@ -34,6 +35,15 @@ _NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key. "
 _QUESTION = "\nWhat is the pass key? The pass key is"
 
 
+def _step(model: nn.Module, ids: Tensor, cache: object, **options: object) -> object:
+    """``model(ids)`` reading and filling ``cache``, passed by the name the model's
+    ``forward`` takes: ``cache`` (transformers >= 5.24, where ``past_key_values`` warns that
+    it goes away) or ``past_key_values``."""
+    parameters = inspect.signature(model.forward).parameters
+    name = "cache" if "cache" in parameters else "past_key_values"
+    return model(ids, use_cache=True, **{name: cache}, **options)
+
+
 def _ids(tokenizer, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False).input_ids)
 
@@ -45,7 +55,7 @@ def _prefill(model: nn.Module, ids: Tensor, chunk: int) -> tuple[object, Tensor]
     cache = DynamicCache(config=model.config)
     for start in range(0, ids.shape[1], chunk):
         piece = ids[:, start : start + chunk]
-        out = model(piece, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        out = _step(model, piece, cache, logits_to_keep=1)
     return cache, out.logits[0, -1].float()
 
 
@@ -60,7 +70,7 @@ def window_nll(model: nn.Module, ids: Tensor, *, chunk: int) -> Tensor:
     cache = DynamicCache(config=model.config)
     for start in range(0, ids.shape[1] - 1, chunk):
         piece = ids[:, start : start + chunk]
-        logits = model(piece, past_key_values=cache, use_cache=True).logits[0].float()
+        logits = _step(model, piece, cache).logits[0].float()
         targets = ids[0, start + 1 : start + 1 + piece.shape[1]]  # the next tokens
         nll.append(F.cross_entropy(logits[: targets.numel()], targets, reduction="none"))
     return torch.cat(nll).double().cpu()
@@ -102,7 +112,7 @@ def passkey(
     answer = [int(logits.argmax())]
     for _ in range(steps - 1):
         step = torch.tensor([[answer[-1]]], device=ids.device)
-        out = model(step, past_key_values=cache, use_cache=True)
+        out = _step(model, step, cache)
         answer.append(int(out.logits[0, -1].argmax()))
     text = tokenizer.decode(answer, skip_special_tokens=True)
     digits = "".join(c for c in text if c.isdigit())

@@ -35,7 +35,8 @@ NOT_PICKLED = (
     "a model patched by posenc.hf.patch cannot be pickled; call posenc.hf.unpatch(model) "
     "first (save_pretrained saves its weights as they are)"
 )
-_CACHE_ARGUMENTS = ("cache", "past_key_values")  # transformers >= 5.24 and before
+# the cache's name in forward arguments and in outputs: transformers >= 5.24, and before
+_CACHE_ARGUMENTS = ("cache", "past_key_values")
 _INPUTS = ("input_ids", "inputs_embeds")
 
 
@@ -147,7 +148,9 @@ class CacheTracker:
                 self._turn.release()
 
     def _record(self, output: Any) -> None:
-        cache = getattr(output, "past_key_values", None)
+        fields = getattr(output, "__dataclass_fields__", {})  # a transformers ModelOutput
+        name = next((n for n in _CACHE_ARGUMENTS if n in fields), None)
+        cache = getattr(output, name) if name else None
         cache = self._get("cache") if cache is None else cache
         positions, inputs = self._get("positions"), self._get("inputs")
         if not self.recording or cache is None or positions is None or inputs is None:
