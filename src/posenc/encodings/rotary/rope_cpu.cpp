@@ -9,9 +9,7 @@
 // fused multiply-add, so every layout and the PyTorch path give the same bits), then
 // rounded once to x's type; features R..D-1 are copied when out is not x. Rows are
 // walked in memory order with pointers that advance by the strides (no division per
-// row), in blocks of about 32 KiB: each of at::parallel_for's threads takes the blocks of
-// its own contiguous share first, then helps finish the others' (class Shares), so a
-// thread that the OS preempts delays the call by one block, not by half the work.
+// row), each of at::parallel_for's threads through one contiguous range of them.
 //
 // Registered as the operator posenc_cpu::rope_into (CPU only; the dispatcher refuses
 // other devices). Built by torch.utils.cpp_extension on first use (see cpu_kernel.py);
@@ -26,10 +24,8 @@
 #include <torch/library.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <cstring>
-#include <vector>
 
 namespace {
 
@@ -172,46 +168,6 @@ void rotate_rows(const Layout& s, const scalar_t* x, scalar_t* out, const acc_t*
   }
 }
 
-// Blocks [0, n) of work dealt out as one contiguous share per worker. A worker takes the
-// blocks of its own share from the front, in memory order, then takes what is left of the
-// others' shares from their back ends. Each thread so streams through its own region of
-// memory (and, out of place, first touches its own pages, apart from its neighbour's),
-// while a thread the OS preempts delays the call by one block at most: the others finish
-// its share. A share's span is one word, front << 32 | back, changed by compare-exchange.
-class Shares {
- public:
-  Shares(int64_t blocks, int64_t workers) : spans_(workers) {
-    for (int64_t w = 0; w < workers; ++w) {
-      const uint64_t front = blocks * w / workers, back = blocks * (w + 1) / workers;
-      spans_[w].span.store(front << 32 | back, std::memory_order_relaxed);
-    }
-  }
-
-  // The next block of share w from its front (own = true) or back, or -1 when it is empty.
-  int64_t take(int64_t w, bool own) {
-    std::atomic<uint64_t>& span = spans_[w].span;
-    uint64_t v = span.load(std::memory_order_relaxed);
-    for (;;) {
-      const uint64_t front = v >> 32, back = v & 0xFFFFFFFFu;
-      if (front >= back) {
-        return -1;
-      }
-      const uint64_t next = own ? (front + 1) << 32 | back : front << 32 | (back - 1);
-      if (span.compare_exchange_weak(v, next, std::memory_order_relaxed)) {
-        return static_cast<int64_t>(own ? front : back - 1);
-      }
-    }
-  }
-
-  int64_t workers() const { return static_cast<int64_t>(spans_.size()); }
-
- private:
-  struct alignas(64) Span {  // one cache line each: workers do not contend on a line
-    std::atomic<uint64_t> span{0};
-  };
-  std::vector<Span> spans_;
-};
-
 template <typename scalar_t, typename acc_t, Pairs pairs>
 void rotate_all(const Layout& s, const void* x_ptr, void* out_ptr, const void* cos_ptr,
                 const void* sin_ptr, bool interleaved) {
@@ -220,34 +176,15 @@ void rotate_all(const Layout& s, const void* x_ptr, void* out_ptr, const void* c
   const auto* cos = static_cast<const acc_t*>(cos_ptr);
   const auto* sin = static_cast<const acc_t*>(sin_ptr);
   const int64_t rows = s.batch * s.heads * s.length;
-  // about 32 KiB of x per block: small enough to balance, large enough to amortize; never
-  // 2^31 blocks or more, so the ends of a share fit in 32 bits each
+  // at::parallel_for deals each thread one contiguous range of rows, walked in memory order
+  // (ranges of at least about 32 KiB of x: a small tensor stays on one thread). Measured
+  // under load (two busy processes on the two cores), this static split beat letting a
+  // thread that finished early take over the rest of the other's range.
   const int64_t row_bytes = std::max<int64_t>(1, s.dim * static_cast<int64_t>(sizeof(scalar_t)));
-  const int64_t block = std::max({int64_t{1}, (32 << 10) / row_bytes, (rows >> 31) + 1});
-  const int64_t blocks = (rows + block - 1) / block;
-  const auto run = [&](int64_t blk) {
-    rotate_rows<scalar_t, acc_t, pairs>(s, x, out, cos, sin, interleaved, blk * block,
-                                        std::min(rows, (blk + 1) * block));
-  };
-  Shares shares(blocks, std::min<int64_t>(blocks, at::get_num_threads()));
-  const auto work = [&](int64_t begin, int64_t end) {
-    for (int64_t w = begin; w < end; ++w) {
-      for (int64_t blk = shares.take(w, true); blk >= 0; blk = shares.take(w, true)) {
-        run(blk);
-      }
-      for (int64_t k = 1; k < shares.workers(); ++k) {
-        const int64_t other = (w + k) % shares.workers();
-        for (int64_t blk = shares.take(other, false); blk >= 0; blk = shares.take(other, false)) {
-          run(blk);
-        }
-      }
-    }
-  };
-  if (shares.workers() <= 1) {
-    work(0, 1);
-  } else {
-    at::parallel_for(0, shares.workers(), 1, work);
-  }
+  const int64_t grain = std::max<int64_t>(1, (32 << 10) / row_bytes);
+  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+    rotate_rows<scalar_t, acc_t, pairs>(s, x, out, cos, sin, interleaved, begin, end);
+  });
 }
 
 template <typename scalar_t, typename acc_t>
