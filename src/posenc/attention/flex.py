@@ -16,9 +16,8 @@ causal mask hides are skipped. Per encoding:
   compute; but once the sum from the diagonal reaches ``P - 1`` every farther key gets
   the same bias, a per-row constant the softmax ignores, so the bias minus that constant
   is zero beyond a band of ``W`` offsets (``CoPE.band_bias``, ``[B, H, T, W]``: one
-  batched matmul and compiled loops for the gates, their cumulative sum and the
-  interpolation),
-  read in the band and zero beyond;
+  batched matmul, then compiled loops for the gates and the interpolation around their
+  cumulative sum), read in the band and zero beyond;
 * Shaw et al.'s relative representations: the key term is ``q_i . w^K[r] / sqrt(D)``
   for the ``2K + 1`` clipped offsets ``r`` (``[B, H, T, 2K + 1]``), gathered by offset. The
   value term ``sum_j p_ij w^V[clip(j - i)]`` needs the probabilities of the ``K`` keys

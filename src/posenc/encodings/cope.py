@@ -125,7 +125,7 @@ def cope_band_bias(
         pos_emb: ``e [P, D]``.
         max_width: the widest band returned.
         compiled: compute each width with ``torch.compile`` (three fused loops around
-            two matrix products and the cumulative sum, instead of about 25 operations),
+            one batched matmul and the cumulative sum, instead of about 25 operations),
             once per length and width; not inside an outer ``torch.compile``.
 
     Returns:
