@@ -152,7 +152,8 @@ def _band_step(q: Tensor, k: Tensor, pos_emb: Tensor, width: int) -> tuple[Tenso
     One batched product over blocks of ``W`` queries gives both the band's dot products
     and ``q . e``: each block against the ``2W - 1`` keys it reaches (an overlapping
     strided view of the keys, left-padded with ``W - 1`` zero rows, keys before position
-    0, masked) followed by the ``P`` rows of ``e``.
+    0, masked) followed by the ``P`` rows of ``e``. Its scores, ``[B, H, T, 2W - 1 + P]``,
+    are the peak memory: about twice the band's.
     """
     batch, heads, length, dim = q.shape
     npos = pos_emb.shape[0]
