@@ -160,6 +160,27 @@ def test_patch_or_unpatch_inside_a_forward_keeps_it_exact(family, swap, tmp_path
     _close(got_logits, logits, PROMPT + NEW)
 
 
+@pytest.mark.parametrize("width", ["half", "cat", "repeat"])
+def test_table_format_is_measured_and_read_back(width):
+    """``measure_tables`` finds a rotary module's width, order and dtype rule from its
+    tables, ``expand`` writes posenc's tables in that format and ``reduce`` reads them
+    back exactly; a width that is neither R/2 nor R is refused by name."""
+    from posenc.hf.patch_rotation import TableFormat, measure_tables
+
+    angles = torch.arange(3.0)[None, :, None] * torch.tensor([1.0, 0.1, 0.01, 0.001])
+    cos = angles.cos()  # [1, 3, R/2]
+    real = TableFormat(width).expand(cos, torch.float32)
+    follows = measure_tables(real, cos, real.to(torch.bfloat16))
+    assert follows == TableFormat(width, None)
+    fixed = measure_tables(real, cos, real)  # float32 tables whatever the input
+    assert fixed == TableFormat(width, torch.float32)
+    assert fixed.expand(cos, torch.bfloat16).dtype == torch.float32
+    assert follows.expand(cos, torch.bfloat16).dtype == torch.bfloat16
+    torch.testing.assert_close(follows.reduce(real), cos, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="tables of width 6"):
+        measure_tables(real[..., :1].expand(1, 3, 6), cos, real)
+
+
 def test_left_padded_batch_generates_the_original_tokens(tmp_path_factory):
     """Per-sequence positions ``[B, T]`` (left padding): cos/sin per row."""
     model_cls, folder = _saved(tmp_path_factory, "llama")
