@@ -166,7 +166,11 @@ def toeplitz_bias(fn: OffsetFn, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype
 
 
 def offset_score_mod(fn: OffsetFn) -> ScoreMod:
-    """A FlexAttention ``score_mod`` adding ``fn(q_idx - kv_idx)`` (indices as positions)."""
+    """A FlexAttention ``score_mod`` adding ``fn(q_idx - kv_idx)`` (indices as positions).
+
+    For eager ``flex_attention``: torch 2.13's inductor cannot compile it for the CPU (it
+    fails to lower the reshape of the offset, loudly), which is why posenc's ``flex``
+    backend reads these biases from an offset table instead."""
 
     def score_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         d = (q_idx - kv_idx).reshape(1, 1, 1, 1)

@@ -196,7 +196,8 @@ class KERPLE(PositionalEncoding):
         return toeplitz_bias(_kerple_fn(self.r1, self.r2, self.kernel), q_pos, k_pos, q.dtype)
 
     def score_mod(self) -> ScoreMod:
-        """FlexAttention ``score_mod`` adding this bias (query/key indices as positions)."""
+        """FlexAttention ``score_mod`` adding this bias (query/key indices as positions);
+        for eager ``flex_attention`` (see ``offset_score_mod``)."""
         return offset_score_mod(_kerple_fn(self.r1, self.r2, self.kernel))
 
     def extra_repr(self) -> str:

@@ -122,7 +122,8 @@ class Sandwich(PositionalEncoding):
         return toeplitz_bias(_sandwich_fn(self.num_heads, self.dim), q_pos, k_pos, q.dtype)
 
     def score_mod(self) -> ScoreMod:
-        """FlexAttention ``score_mod`` adding this bias (query/key indices as positions)."""
+        """FlexAttention ``score_mod`` adding this bias (query/key indices as positions);
+        for eager ``flex_attention`` (see ``offset_score_mod``)."""
         return offset_score_mod(_sandwich_fn(self.num_heads, self.dim))
 
     def extra_repr(self) -> str:

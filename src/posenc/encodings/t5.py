@@ -228,7 +228,8 @@ class T5RelativeBias(PositionalEncoding):
         )
 
     def score_mod(self) -> ScoreMod:
-        """FlexAttention ``score_mod`` adding this bias (query/key indices as positions)."""
+        """FlexAttention ``score_mod`` adding this bias (query/key indices as positions);
+        for eager ``flex_attention`` (see ``offset_score_mod``)."""
         table = self.relative_attention_bias.weight
         return offset_score_mod(
             _t5_fn(table, self.bidirectional, self.num_buckets, self.max_distance)
