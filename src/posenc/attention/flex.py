@@ -51,6 +51,7 @@ import torch
 from torch import Tensor
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
+from posenc._compiling import static_compiled
 from posenc.attention.blocks import offset_table
 from posenc.attention.masking import Masking
 from posenc.base import PositionalEncoding, Site
@@ -66,9 +67,6 @@ FLEX_MIN_LENGTH = 2048
 #: Widest CoPE band (offsets) ``auto`` accepts: its table is ``[B, H, T, W]``; a wider
 #: one (gates far below 1 everywhere) runs on the chunked path.
 FLEX_MAX_BAND = 1024
-
-#: Compiled kernels kept per process (one per encoding kind and length).
-_RECOMPILE_LIMIT = 64
 
 
 def flex_kind(position: PositionalEncoding) -> str | None:
@@ -177,17 +175,14 @@ def _block_mask(num_q: int, num_k: int, lead: int, device: str):
     return create_block_mask(causal, None, None, num_q, num_k, device=device)
 
 
-@functools.cache
-def _compiled():
+def _flex_attention():
     from torch.nn.attention.flex_attention import flex_attention
 
-    return torch.compile(flex_attention, dynamic=False)
+    return flex_attention
 
 
-def _flex(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> Tensor:
-    """FlexAttention, compiled once per kernel and length."""
-    with torch._dynamo.config.patch(recompile_limit=_RECOMPILE_LIMIT):
-        return _compiled()(q, k, v, **kwargs)
+#: FlexAttention, compiled once per kernel and length.
+_flex = static_compiled(_flex_attention)
 
 
 def _shaw(q: Tensor, k: Tensor, v: Tensor, position: PositionalEncoding, scale: float) -> Tensor:

@@ -29,20 +29,16 @@ Negative positions: allowed; positions only decide which keys are visible
 
 from __future__ import annotations
 
-import functools
-
 import torch
 from torch import Tensor, nn
 
 from posenc._checks import check_bool, check_int, check_tensor
+from posenc._compiling import static_compiled
 from posenc._dtypes import compute_dtype
 from posenc.base import PositionalEncoding, Site, register
 from posenc.encodings._relative import check_hook_inputs
 
 __all__ = ["CoPE", "cope_band_bias", "cope_bias", "cope_positions"]
-
-#: Compiled band steps kept per process (one per length and band width).
-_RECOMPILE_LIMIT = 64
 
 
 def cope_positions(q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, npos_max: int) -> Tensor:
@@ -184,17 +180,10 @@ def _band_step(q: Tensor, k: Tensor, pos_emb: Tensor, width: int) -> tuple[Tenso
     return bias.to(q.dtype), reached
 
 
-def _compiled_band_step(q: Tensor, k: Tensor, pos_emb: Tensor, width: int) -> tuple[Tensor, Tensor]:
-    """``_band_step`` compiled for this shape. Static shapes: a band step compiled with
-    dynamic ones makes the FlexAttention kernel compiled after it fail to build (a C++
-    compile error in torch 2.13)."""
-    with torch._dynamo.config.patch(recompile_limit=_RECOMPILE_LIMIT):
-        return _band_compiler()(q, k, pos_emb, width)
-
-
-@functools.cache
-def _band_compiler():
-    return torch.compile(_band_step, dynamic=False, fullgraph=True)
+#: ``_band_step`` compiled for each shape. Static shapes: a band step compiled with dynamic
+#: ones makes the FlexAttention kernel compiled after it fail to build (a C++ compile
+#: error in torch 2.13).
+_compiled_band_step = static_compiled(lambda: _band_step, fullgraph=True)
 
 
 @register(
