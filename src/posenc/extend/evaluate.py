@@ -15,6 +15,7 @@ keys are re-rotated when its frequencies change.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import random
 
@@ -35,13 +36,17 @@ _NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key. "
 _QUESTION = "\nWhat is the pass key? The pass key is"
 
 
+@functools.cache
+def _cache_name(model_class: type) -> str:
+    """The name ``model_class.forward`` takes the KV cache by: ``cache`` (transformers >=
+    5.24, where ``past_key_values`` warns that it goes away) or ``past_key_values``."""
+    parameters = inspect.signature(model_class.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
 def _step(model: nn.Module, ids: Tensor, cache: object, **options: object) -> object:
-    """``model(ids)`` reading and filling ``cache``, passed by the name the model's
-    ``forward`` takes: ``cache`` (transformers >= 5.24, where ``past_key_values`` warns that
-    it goes away) or ``past_key_values``."""
-    parameters = inspect.signature(model.forward).parameters
-    name = "cache" if "cache" in parameters else "past_key_values"
-    return model(ids, use_cache=True, **{name: cache}, **options)
+    """``model(ids)`` reading and filling ``cache``."""
+    return model(ids, use_cache=True, **{_cache_name(type(model)): cache}, **options)
 
 
 def _ids(tokenizer, text: str) -> list[int]:

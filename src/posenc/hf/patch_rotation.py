@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from posenc.encodings.rotary.apply import apply_rope
+from posenc.encodings.rotary.rope_op import compute_dtype
 
 __all__ = [
     "LAYOUTS",
@@ -183,7 +184,10 @@ class Rotation:
         bound = self.signature.bind(*args, **kwargs)
         bound.apply_defaults()
         values = bound.arguments
-        cos, sin = (self.tables.reduce(t) for t in _tables(values))
+        # once for all the tensors rotated: contiguous, in the dtype the rotation computes in
+        cos, sin = (
+            self.tables.reduce(t).to(compute_dtype(t.dtype)).contiguous() for t in _tables(values)
+        )
         sin = sin if self.sign == 1 else -sin
         axis = values.get("unsqueeze_dim", self.heads_axis)
         self.calls += 1
