@@ -29,8 +29,8 @@ import torch.nn.functional as F
 
 from posenc.attention.backends import attend
 from posenc.attention.masking import Masking
-from posenc.base import Site, build, info
-from posenc.bench.bias_attention import score_encodings
+from posenc.base import Site, info
+from posenc.bench.bias_attention import causal_encoding, score_encodings
 from posenc.bench.triton_rope import time_cuda
 
 CALLS = 5
@@ -76,15 +76,7 @@ def run(sizes, repeats: int, heads: int, head_dim: int, encodings) -> list[dict]
         pos = torch.arange(length, device="cuda")
         masking = Masking(True, pos, pos, aligned=True)
         for name in encodings:
-            position = build(
-                name,
-                d_model=heads * head_dim,
-                num_heads=heads,
-                head_dim=head_dim,
-                max_len=max(sizes),
-                causal=True,
-            )
-            position = position.to("cuda").eval()
+            position = causal_encoding(name, heads, head_dim, max(sizes)).to("cuda")
             full = "eager" if info(name).sites & Site.VALUE else "sdpa"
             bias = functools.partial(attend, q, k, v, position=position, masking=masking)
             cases = {

@@ -32,9 +32,9 @@ import torch
 import torch.nn.functional as F
 
 from posenc.attention.backends import DEFAULT_BLOCK_SIZE, Masking, attend, peak_tensor_bytes
-from posenc.base import Site, available, build, info
+from posenc.base import PositionalEncoding, Site, available, build, info
 
-__all__ = ["COLUMNS", "main", "run", "score_encodings"]
+__all__ = ["COLUMNS", "causal_encoding", "main", "run", "score_encodings"]
 
 MIB = 2**20
 FULL_SIZES = (512, 1024, 2048, 4096, 8192)
@@ -64,6 +64,19 @@ def _median_ms(fn: Callable[[], object], repeats: int) -> float:
 def score_encodings() -> list[str]:
     """Registered encodings with a SCORE site."""
     return [n for n in available() if info(n).sites & Site.SCORE]
+
+
+def causal_encoding(name: str, num_heads: int, head_dim: int, max_len: int) -> PositionalEncoding:
+    """Encoding ``name`` built for causal attention with ``num_heads`` heads of
+    ``head_dim`` up to ``max_len`` tokens, in eval mode."""
+    return build(
+        name,
+        d_model=num_heads * head_dim,
+        num_heads=num_heads,
+        head_dim=head_dim,
+        max_len=max_len,
+        causal=True,
+    ).eval()
 
 
 def run(
@@ -97,14 +110,7 @@ def run(
     gen = torch.Generator().manual_seed(seed)
     rows = []
     for name in names:
-        position = build(
-            name,
-            d_model=num_heads * head_dim,
-            num_heads=num_heads,
-            head_dim=head_dim,
-            max_len=max(sizes),
-            causal=True,
-        ).eval()
+        position = causal_encoding(name, num_heads, head_dim, max(sizes))
         for length in sizes:
             qkv = [torch.randn(1, num_heads, length, head_dim, generator=gen) for _ in range(3)]
             with torch.no_grad():
