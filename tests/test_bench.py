@@ -15,9 +15,9 @@ import pytest
 
 from posenc.bench import SUITES, run_benchmarks
 from posenc.bench.load import busy_processes
-from posenc.bench.report import rope_targets
-from posenc.bench.rope import BACKWARD_FLOOR, CLONE, FLOOR, HF_STYLE
-from posenc.bench.timing import Group, Stats, warm_memory
+from posenc.bench.report import Target, print_targets, rope_targets
+from posenc.bench.rope import BACKWARD_FLOOR, CLONE, CONTROLS, FLOOR, HF_STYLE
+from posenc.bench.timing import Group, Stats, warm_memory, with_control
 from posenc.cli import main
 
 
@@ -127,6 +127,79 @@ def test_targets_are_ratios_of_medians_and_maxima():
     assert slowest.value == pytest.approx(300.0 / 25.0) and slowest.met
     assert targets["slowest: × faster (max)"].value == pytest.approx(300.0 / 30.0)
     assert rope_targets([_group([1, 2, 3, 4], "float32", "forward", medians)]) == []
+
+
+def test_a_control_is_the_baseline_timed_again_right_after_it():
+    def floor():
+        return None
+
+    cases = with_control({"a": print, FLOOR: floor, "b": len}, {FLOOR: "again"})
+    assert list(cases) == ["a", FLOOR, "again", "b"]
+    assert cases["again"] is floor
+    with pytest.raises(ValueError, match="no case named 'clone' to control"):
+        with_control(cases, {"clone": "clone again"})
+
+
+def test_spread_is_how_far_a_baseline_landed_from_its_control():
+    stats = {FLOOR: Stats(10.0, 9, 11, 9, 30.0, 5), "again": Stats(12.5, 9, 13, 9, 20.0, 5)}
+    group = Group("rope", "t", stats, floor=FLOOR, controls={FLOOR: "again"})
+    assert group.spread(FLOOR) == pytest.approx(1.25)  # symmetric: 12.5 / 10
+    assert group.spread(FLOOR, worst=True) == pytest.approx(1.5)  # 30 / 20
+    assert group.spread(CLONE) is None  # no control timed
+    assert group.to_json()["controls"] == {FLOOR: "again"}
+
+
+@pytest.mark.parametrize(
+    "value,limit,at_most,spread,within",
+    [
+        (1.3, 1.2, True, 1.1, True),  # 1.3 <= 1.32
+        (1.4, 1.2, True, 1.1, False),
+        (0.95, 1.0, False, 1.1, True),  # 0.95 >= 0.909
+        (0.8, 1.0, False, 1.1, False),
+        (1.3, 1.2, True, None, None),
+    ],
+)
+def test_a_miss_is_within_the_spread_only_up_to_the_widened_limit(
+    value, limit, at_most, spread, within
+):
+    target = Target("g", "w", value, limit, at_most, spread)
+    assert target.within_spread is within
+    assert target.to_json()["within_spread"] is within
+
+
+def test_rope_and_bias_targets_carry_their_baselines_spread(capsys):
+    from rich.console import Console
+
+    from posenc.bench.bias import BIAS_LIMITS, CORE_BASELINE, CORE_CONTROLS, bias_targets
+
+    medians = {FLOOR: 10.0, CONTROLS[FLOOR]: 11.0, CLONE: 20.0, CONTROLS[CLONE]: 16.0}
+    medians |= {HF_STYLE: 300.0, "apply_rope half": 25.0, "apply_rope_ half (in place)": 11.5}
+    medians |= {"apply_rope intl": 21.0, "apply_rope_ intl (in place)": 10.0}
+    group = _group([4, 16, 2048, 64], "float32", "forward", medians)
+    group.controls = CONTROLS
+    rope = {t.what: t for t in rope_targets([group])}
+    assert rope["half: ÷ clone"].spread == pytest.approx(1.25)
+    assert rope["half: ÷ clone"].within_spread  # 1.25 <= 1.2 * 1.25
+    assert rope["half_: ÷ floor"].spread == pytest.approx(1.1)
+    assert not rope["half_: ÷ floor"].met and rope["half_: ÷ floor"].within_spread
+    assert rope["half: × faster"].spread is None
+    stats = {
+        CORE_BASELINE: Stats.of([0.010, 0.012]),
+        CORE_CONTROLS[CORE_BASELINE]: Stats.of([0.011]),
+    }
+    stats |= {name: Stats.of([0.020, 0.030]) for name in BIAS_LIMITS}
+    info = {"T": 8192, "core": True}
+    core = Group("bias", "core", stats, CORE_BASELINE, info=info, controls=CORE_CONTROLS)
+    bias = {t.what: t for t in bias_targets([core])}
+    assert bias["t5: ÷ SDPA"].spread == pytest.approx(1.0)  # 11 ms and 11 ms
+    assert bias["t5: ÷ SDPA (max)"].spread == pytest.approx(12 / 11)
+    targets = [*rope.values(), *bias.values()]
+    print_targets(Console(width=80), targets, quick=False)
+    printed = capsys.readouterr().out
+    assert max(len(line) for line in printed.splitlines()) <= 80 and "…" not in printed
+    missed = [t for t in targets if not t.met]
+    close = sum(bool(t.within_spread) for t in missed)
+    assert f"{close} of the {len(missed)} missed by no more than the baseline's" in printed
 
 
 def test_bf16_has_the_floor_targets_and_backward_its_copy_floor():

@@ -5,7 +5,8 @@ The issue's targets are on the attention core alone (``attention_groups``): ``q,
 ``backend="auto"`` (FlexAttention from ``FLEX_MIN_LENGTH`` queries on) against
 ``scaled_dot_product_attention(is_causal=True)`` at 2k, 4k and 8k tokens: offset-only
 biases (ALiBi, T5, KERPLE, Sandwich) within 1.3x, FIRE, CoPE and Shaw within 3x, on the
-median and on the maximum of the round-robin repeats (``bias_targets``).
+median and on the maximum of the round-robin repeats (``bias_targets``), each next to
+causal SDPA's spread against itself timed again in the same rounds (its A/A control).
 
 Shapes: ``B`` batch (1), ``T`` length, ``C`` d_model, ``H`` heads. For every registered
 encoding with a SCORE (or VALUE) site, ``posenc.MultiHeadAttention`` runs a causal
@@ -30,7 +31,7 @@ from posenc.attention import MultiHeadAttention
 from posenc.attention.backends import Masking, attend, peak_tensor_bytes
 from posenc.base import Site, available, build, info
 from posenc.bench.report import Target
-from posenc.bench.timing import Group, measure
+from posenc.bench.timing import Group, measure, with_control
 
 __all__ = [
     "BIAS_LIMITS",
@@ -43,6 +44,8 @@ __all__ = [
 
 BASELINE = "SDPA causal, no bias"
 CORE_BASELINE = "SDPA causal"
+#: The core baseline's A/A control: the same call timed again (``timing.with_control``).
+CORE_CONTROLS = {CORE_BASELINE: "SDPA causal again"}
 HEAD_DIM = 64
 TARGET_LENGTHS = (2048, 4096, 8192)
 #: The issue's limits: each encoding's attention core as a multiple of causal SDPA.
@@ -130,10 +133,13 @@ def attention_groups(*, quick: bool, repeats: int, warmup: int) -> list[Group]:
             shape = {"num_heads": HEADS, "head_dim": HEAD_DIM, "d_model": HEADS * HEAD_DIM}
             position = build(name, causal=True, **shape).eval()
             cases[name] = _core(qkv, position, masking)
-        stats = measure(cases, repeats=min(repeats, 5), warmup=warmup)
+        stats = measure(with_control(cases, CORE_CONTROLS), repeats=min(repeats, 5), warmup=warmup)
         info_ = {"T": length, "heads": HEADS, "head_dim": HEAD_DIM, "dtype": "float32"}
         title = f"attention core T={length} H={HEADS} D={HEAD_DIM}"
-        groups.append(Group("bias", title, stats, floor=CORE_BASELINE, info=info_ | {"core": True}))
+        info_ |= {"core": True}
+        groups.append(
+            Group("bias", title, stats, CORE_BASELINE, info=info_, controls=CORE_CONTROLS)
+        )
     return groups
 
 
@@ -156,7 +162,9 @@ def bias_targets(groups: list[Group]) -> list[Target]:
         for name, limit in BIAS_LIMITS.items():
             label = f"attention T={group.info['T']:,}"
             ratio = group.ratio_to_floor(name)
-            targets.append(Target(label, f"{name}: ÷ SDPA", ratio, limit, True))
+            spread = group.spread(CORE_BASELINE)
+            targets.append(Target(label, f"{name}: ÷ SDPA", ratio, limit, True, spread))
             top = group.stats[name].max_ms / floor.max_ms
-            targets.append(Target(label, f"{name}: ÷ SDPA (max)", top, limit, True))
+            spread = group.spread(CORE_BASELINE, worst=True)
+            targets.append(Target(label, f"{name}: ÷ SDPA (max)", top, limit, True, spread))
     return targets

@@ -9,6 +9,9 @@ system zeroes new pages on first touch): with 4 KiB pages (``torch.empty_like``,
 transformers-style expression ``x * cos + rotate_half(x) * sin``, Meta's complex
 multiply, and, when installed, transformers' ``apply_rotary_pos_emb`` and
 ``rotary-embedding-torch``'s ``apply_rotary_emb`` (neither is a dependency of posenc).
+Both copy floors are also timed a second time as cases of their own (``CONTROLS``,
+``timing.with_control``): how far a call lands from itself in the run bounds what any
+ratio to it can resolve.
 """
 
 from __future__ import annotations
@@ -18,17 +21,28 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from posenc.bench.timing import Group, measure
+from posenc.bench.timing import Group, measure, with_control
 from posenc.encodings.rotary.apply import apply_rope, apply_rope_
 from posenc.encodings.rotary.module import RotaryEmbedding
 from posenc.fastpath import empty_like
 
-__all__ = ["BACKWARD_FLOOR", "CLONE", "FLOOR", "HF_STYLE", "LAYOUTS", "posenc_cases", "rope_groups"]
+__all__ = [
+    "BACKWARD_FLOOR",
+    "CLONE",
+    "CONTROLS",
+    "FLOOR",
+    "HF_STYLE",
+    "LAYOUTS",
+    "posenc_cases",
+    "rope_groups",
+]
 
 FLOOR = "copy (preallocated)"
 CLONE = "copy (fresh, 4 KiB pages)"  # the floor of an out-of-place rotation
 BACKWARD_FLOOR = "copy x2 (fwd + bwd)"
 HF_STYLE = "x*cos + rotate_half(x)*sin"
+#: The forward floors' A/A controls: the same copies timed again (``timing.with_control``).
+CONTROLS = {FLOOR: "copy (preallocated) again", CLONE: "copy (fresh, 4 KiB) again"}
 LAYOUTS = (("half", False), ("intl", True))  # half-split, interleaved
 
 FULL = (((4, 16, 2048, 64), torch.float32), ((1, 32, 8192, 128), torch.float32))
@@ -128,7 +142,7 @@ def _forward_cases(t: dict[str, Tensor]) -> dict[str, Callable[[], object]]:
         )
     cases["RotaryEmbedding half"] = lambda: rope(q, k)
     cases["RotaryEmbedding intl"] = lambda: rope_i(q, k)
-    return cases
+    return with_control(cases, CONTROLS)
 
 
 def _train_step(fn: Callable[[Tensor], Tensor], q: Tensor, k: Tensor) -> Callable[[], object]:
@@ -184,6 +198,7 @@ def rope_groups(*, quick: bool, repeats: int, warmup: int) -> list[Group]:
                     floor=floor,
                     speedup_over=(HF_STYLE,),
                     info={**info, "pass": kind},
+                    controls={b: c for b, c in CONTROLS.items() if c in stats},
                 )
             )
             del cases, stats

@@ -19,7 +19,15 @@ import torch
 
 from posenc.fastpath import empty_like
 
-__all__ = ["Group", "Stats", "load_average", "machine_info", "measure", "warm_memory"]
+__all__ = [
+    "Group",
+    "Stats",
+    "load_average",
+    "machine_info",
+    "measure",
+    "warm_memory",
+    "with_control",
+]
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,28 @@ def measure(
     return {name: Stats.of(times[name]) for name in names}
 
 
+def with_control(
+    cases: Mapping[str, Callable[[], object]], controls: Mapping[str, str]
+) -> dict[str, Callable[[], object]]:
+    """``cases`` with an A/A control of each baseline in ``controls`` (baseline name ->
+    control name): the same callable once more, listed right after the baseline and
+    timed in the same rounds as a case of its own.
+
+    Two timings of one call differ only by the machine's noise, so their ratio in a run
+    (``Group.spread``) is how far a case identical to the baseline would have landed
+    from it in that run: the resolution of every ratio to that baseline.
+    """
+    unknown = [name for name in controls if name not in cases]
+    if unknown:
+        raise ValueError(f"no case named {unknown[0]!r} to control; cases: {list(cases)}")
+    out: dict[str, Callable[[], object]] = {}
+    for name, fn in cases.items():
+        out[name] = fn
+        if name in controls:
+            out[controls[name]] = fn
+    return out
+
+
 def _available_bytes() -> int:
     try:
         with open("/proc/meminfo", encoding="utf-8") as f:
@@ -99,6 +129,7 @@ class Group:
     ``ratios[case]`` maps a baseline name to ``median(case) / median(baseline)`` (the
     multiple of the copy floor) or, for ``speedup_over`` baselines, the inverse
     ``median(baseline) / median(case)`` (how many times faster the case is).
+    ``controls`` maps a baseline to its A/A control, the same call timed again.
     """
 
     suite: str
@@ -107,6 +138,7 @@ class Group:
     floor: str | None = None
     speedup_over: tuple[str, ...] = ()
     info: dict[str, object] = field(default_factory=dict)
+    controls: dict[str, str] = field(default_factory=dict)
 
     def ratio_to_floor(self, case: str) -> float | None:
         if self.floor is None or self.floor not in self.stats:
@@ -118,6 +150,17 @@ class Group:
             return None
         return self.stats[baseline].median_ms / self.stats[case].median_ms
 
+    def spread(self, baseline: str, *, worst: bool = False) -> float | None:
+        """How far ``baseline`` and its A/A control (``controls``, see ``with_control``)
+        landed apart in this run: ``max(a / b, b / a) >= 1`` of their medians, or of their
+        maxima when ``worst``; None without a control."""
+        control = self.stats.get(self.controls.get(baseline, ""))
+        if control is None or baseline not in self.stats:
+            return None
+        stat = "max_ms" if worst else "median_ms"
+        a, b = getattr(self.stats[baseline], stat), getattr(control, stat)
+        return max(a / b, b / a)
+
     def to_json(self) -> dict[str, object]:
         cases = []
         for name, st in self.stats.items():
@@ -125,7 +168,8 @@ class Group:
             entry["x_floor"] = self.ratio_to_floor(name)
             entry["speedup"] = {b: self.speedup(name, b) for b in self.speedup_over}
             cases.append(entry)
-        return {"suite": self.suite, "title": self.title, "info": self.info, "cases": cases}
+        out = {"suite": self.suite, "title": self.title, "info": self.info, "cases": cases}
+        return out | {"controls": self.controls}
 
 
 def _cpu_model() -> str:
