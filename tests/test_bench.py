@@ -36,7 +36,11 @@ def test_quick_run_prints_80_columns_and_writes_json(tmp_path, capsys):
     assert {"cpu_model", "cpu_cores", "torch", "torch_threads", "load_average"} <= machine.keys()
     assert machine["torch_threads"] == 1 and data["settings"]["busy_processes"] == 0
     assert data["rope_cpu"]
-    assert {"rope", "additive", "bias"} <= {g["suite"] for g in data["groups"]} <= set(SUITES)
+    assert (
+        {"rope", "additive", "bias", "attention"}
+        <= {g["suite"] for g in data["groups"]}
+        <= set(SUITES)
+    )
     for group in data["groups"]:
         for case in group["cases"]:
             assert case["repeats"] == 2
@@ -189,7 +193,7 @@ def test_rope_and_bias_targets_carry_their_baselines_spread(capsys):
     }
     stats |= {name: Stats.of([0.020, 0.030]) for name in BIAS_LIMITS}
     info = {"T": 8192, "core": True}
-    core = Group("bias", "core", stats, CORE_BASELINE, info=info, controls=CORE_CONTROLS)
+    core = Group("attention", "core", stats, CORE_BASELINE, info=info, controls=CORE_CONTROLS)
     bias = {t.what: t for t in bias_targets([core])}
     assert bias["t5: ÷ SDPA"].spread == pytest.approx(1.0)  # 11 ms and 11 ms
     assert bias["t5: ÷ SDPA (max)"].spread == pytest.approx(12 / 11)
@@ -253,8 +257,8 @@ def test_bias_targets_hold_each_encoding_to_its_limit():
 
     stats = {CORE_BASELINE: Stats.of([0.010, 0.012])}
     stats |= {name: Stats.of([0.020, 0.030]) for name in BIAS_LIMITS}
-    core = Group("bias", "core", stats, floor=CORE_BASELINE, info={"T": 2048, "core": True})
-    quick = Group("bias", "quick", stats, floor=CORE_BASELINE, info={"T": 64, "core": True})
+    core = Group("attention", "core", stats, floor=CORE_BASELINE, info={"T": 2048, "core": True})
+    quick = Group("attention", "quick", stats, floor=CORE_BASELINE, info={"T": 64, "core": True})
     targets = {t.what: t for t in bias_targets([core, quick])}
     assert len(targets) == 2 * len(BIAS_LIMITS)
     median = targets["alibi: ÷ SDPA"]

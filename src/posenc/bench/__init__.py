@@ -1,14 +1,15 @@
 """The benchmark suite behind ``posenc bench`` and ``benchmarks/``.
 
 Suites: ``rope`` (``apply_rope`` against the copy floor and the popular
-implementations), ``additive`` (sinusoidal and learned ``x + PE``, table construction)
-and ``bias`` (each attention-bias encoding against bias-free SDPA, its attention core
-against causal SDPA at 2k-8k tokens with the issue's limits, and peak memory against the
-materialized bias; blocked and materialized bias attention against causal
-SDPA, ``posenc.bench.bias_attention``) and ``lab`` (``posenc.bench.lab``: the lab
-model's training step and evaluation forward per encoding, in tokens per second). Every
-number is a median (and a maximum) of round-robin repeats, and every comparison a ratio
-within one run; see ``posenc.bench.timing``. ``load`` runs busy processes beside the benchmark.
+implementations), ``additive`` (sinusoidal and learned ``x + PE``, table construction),
+``bias`` (each attention-bias encoding's layer against the bias-free layer, and peak
+memory against the materialized bias; blocked and materialized bias attention against
+causal SDPA, ``posenc.bench.bias_attention``), ``attention`` (each bias's attention core
+against causal SDPA at 2k-8k tokens, with the issue's limits) and ``lab``
+(``posenc.bench.lab``: the lab model's training step and evaluation forward per
+encoding, in tokens per second). Every number is a median (and a maximum) of round-robin
+repeats, and every comparison a ratio within one run; see ``posenc.bench.timing``.
+``load`` runs busy processes beside the benchmark.
 """
 
 from __future__ import annotations
@@ -20,7 +21,13 @@ import torch
 
 from posenc.bench import bias_attention
 from posenc.bench.additive import additive_groups
-from posenc.bench.bias import QUICK_LENGTHS, bias_groups, bias_memory, bias_targets
+from posenc.bench.bias import (
+    QUICK_LENGTHS,
+    attention_groups,
+    bias_groups,
+    bias_memory,
+    bias_targets,
+)
 from posenc.bench.lab import lab_groups
 from posenc.bench.load import busy_processes
 from posenc.bench.report import Target, rope_targets
@@ -31,11 +38,12 @@ from posenc.encodings.rotary import cpu_kernel
 
 __all__ = ["SUITES", "Results", "run_benchmarks"]
 
-SUITES = ("rope", "additive", "bias", "lab", "triton")
+SUITES = ("rope", "additive", "bias", "attention", "lab", "triton")
 _RUNNERS = {
     "rope": rope_groups,
     "additive": additive_groups,
     "bias": bias_groups,
+    "attention": attention_groups,
     "lab": lab_groups,
     "triton": triton_rope_groups,  # CUDA only: no groups elsewhere
 }
