@@ -10,8 +10,10 @@ import torch
 import posenc
 from conftest import tolerances
 from posenc import MultiHeadAttention
-from posenc.attention import backends
+from posenc.attention import backends, flex
 from posenc.attention.backends import Masking, attend, peak_tensor_bytes
+from posenc.attention.blocks import offset_table
+from posenc.encodings.t5 import t5_relative_position_bucket
 from posenc.kv_cache import KVCache
 
 pytest.importorskip("torch.nn.attention.flex_attention")
@@ -37,8 +39,7 @@ def _qkv(length: int = T, dtype: torch.dtype = torch.float32) -> list[torch.Tens
     return [torch.randn(1, H, length, D, generator=gen, dtype=dtype) for _ in range(3)]
 
 
-def _check_against_reference(name: str, causal: bool) -> None:
-    position = _encoding(name, causal)
+def _check_against_reference(position: posenc.PositionalEncoding, causal: bool) -> None:
     q, k, v = _qkv()
     pos = torch.arange(T)
     masking = Masking(causal, pos, pos, aligned=True)
@@ -52,13 +53,41 @@ def _check_against_reference(name: str, causal: bool) -> None:
 
 @pytest.mark.parametrize("name", SERVED)
 def test_flex_equals_the_float64_reference_causal(name):
-    _check_against_reference(name, causal=True)
+    _check_against_reference(_encoding(name), causal=True)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["alibi", "t5", "kerple", "sandwich", "fire"])
 def test_flex_equals_the_float64_reference_bidirectional(name):
-    _check_against_reference(name, causal=False)
+    _check_against_reference(_encoding(name, causal=False), causal=False)
+
+
+@pytest.mark.parametrize(("causal", "bidirectional"), [(True, False), (True, True), (False, True)])
+def test_t5_past_max_distance_equals_the_float64_reference(causal, bidirectional):
+    """Past ``max_distance`` every distance shares T5's last bucket: under a causal mask the
+    kernel reads the bias minus that bucket's in a band of offsets, zero beyond (the
+    softmax ignores a row constant); without a mask it reads the full table."""
+    torch.manual_seed(0)
+    position = posenc.build("t5", num_heads=H, max_distance=32, bidirectional=bidirectional)
+    with torch.no_grad():
+        position.relative_attention_bias.weight.normal_()
+    if causal:  # the band ends where the last bucket starts, below T / 2
+        q, k, _ = _qkv()
+        pos = torch.arange(T)
+        bucket = t5_relative_position_bucket(-pos, bidirectional=bidirectional, max_distance=32)
+        table = offset_table(position, q, k, Masking(True, pos, pos, aligned=True)).values
+        band = flex._constant_tail_band(table[:, T - 1 :].detach())
+        assert band.shape[-1] == int((bucket != bucket[-1]).sum()) < T // 2
+    _check_against_reference(position, causal)
+
+
+def test_constant_tail_band_only_for_a_long_finite_tail():
+    inf = float("inf")
+    causal = torch.tensor([[3.0, 2.0, 1.0, 1.0, 1.0, 1.0], [5.0, 4.0, 4.0, 0.0, 0.0, 0.0]])
+    torch.testing.assert_close(flex._constant_tail_band(causal), causal[:, :3] - causal[:, -1:])
+    assert flex._constant_tail_band(causal[:, 1:]).shape[-1] == 2
+    assert flex._constant_tail_band(causal[:, :4]) is None  # tail of 1 offset in 4
+    assert flex._constant_tail_band(torch.tensor([[0.0, -inf, -inf, -inf]])) is None
 
 
 def test_cope_band_narrower_than_the_sequence():
