@@ -134,7 +134,7 @@ def attention_groups(*, quick: bool, repeats: int, warmup: int) -> list[Group]:
             shape = {"num_heads": HEADS, "head_dim": HEAD_DIM, "d_model": HEADS * HEAD_DIM}
             position = build(name, causal=True, **shape).eval()
             cases[name] = _core(qkv, position, masking)
-        stats = measure(with_control(cases, CORE_CONTROLS), repeats=min(repeats, 5), warmup=warmup)
+        stats = measure(with_control(cases, CORE_CONTROLS), repeats=repeats, warmup=warmup)
         info_ = {"T": length, "heads": HEADS, "head_dim": HEAD_DIM, "dtype": "float32"}
         title = f"attention core T={length} H={HEADS} D={HEAD_DIM}"
         info_ |= {"core": True}
