@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import pytest
 
@@ -17,7 +16,7 @@ from posenc.bench import SUITES, run_benchmarks
 from posenc.bench.load import busy_processes
 from posenc.bench.report import Target, print_targets, rope_targets
 from posenc.bench.rope import BACKWARD_FLOOR, CLONE, CONTROLS, FLOOR, HF_STYLE
-from posenc.bench.timing import Group, Stats, warm_memory, with_control
+from posenc.bench.timing import Group, Stats, with_control
 from posenc.cli import main
 
 
@@ -219,11 +218,6 @@ def test_bf16_has_the_floor_targets_and_backward_its_copy_floor():
     ratios = {t.what: t.value for t in rope_targets([backward])}
     assert ratios["half: ÷ floor"] == pytest.approx(1.5)
     assert not any("clone" in what or "_:" in what for what in ratios)
-
-
-@pytest.mark.skipif(not Path("/proc/meminfo").exists(), reason="needs /proc/meminfo")
-def test_warm_memory_touches_whole_blocks():
-    assert warm_memory(5 << 20, block=2 << 20) == 4 << 20
 
 
 @pytest.mark.parametrize(

@@ -32,7 +32,7 @@ from posenc.bench.lab import lab_groups
 from posenc.bench.load import busy_processes
 from posenc.bench.report import Target, rope_targets
 from posenc.bench.rope import rope_groups
-from posenc.bench.timing import Group, load_average, machine_info, warm_memory
+from posenc.bench.timing import Group, load_average, machine_info
 from posenc.bench.triton_rope import triton_rope_groups
 from posenc.encodings.rotary import cpu_kernel
 
@@ -115,7 +115,6 @@ def run_benchmarks(
     torch.set_num_threads(threads)
     load_before = load_average()
     try:
-        warmed = 0 if quick else warm_memory(4 << 30)
         with busy_processes(load):
             groups: list[Group] = []
             for suite in SUITES:
@@ -136,7 +135,6 @@ def run_benchmarks(
         "threads": threads,
         "repeats": repeats,
         "busy_processes": load,
-        "memory_warmed_bytes": warmed,
     }
     targets = rope_targets(groups) + bias_targets(groups)
     return Results(machine, settings, groups, memory, targets, attention)

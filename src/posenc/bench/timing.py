@@ -3,6 +3,14 @@
 Every comparison is a ratio of medians measured in one run, with the cases of a group
 interleaved (one call of each per round, in a random order), so that a busy machine
 slows them alike.
+
+There is no up-front memory warm-up: each group's untimed rounds touch what it uses. On a
+virtual machine that reports free memory to its host (free page reporting: free 2 MiB
+blocks are handed back about 2 s after they are freed), touching and freeing a large
+buffer up front is undone within seconds, and handing it back stalls the guest: on a
+2-core EPYC VM, a loop of 16 MiB copies saw 24 stalls of 30-45 ms in the 15 s after 4 GiB
+was touched and freed, and none in 12 s without; a first group timed in those seconds
+missed its maxima in every quiet run that had the warm-up.
 """
 
 from __future__ import annotations
@@ -17,15 +25,12 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from posenc.fastpath import empty_like
-
 __all__ = [
     "Group",
     "Stats",
     "load_average",
     "machine_info",
     "measure",
-    "warm_memory",
     "with_control",
 ]
 
@@ -95,31 +100,6 @@ def with_control(
         if name in controls:
             out[controls[name]] = fn
     return out
-
-
-def _available_bytes() -> int:
-    try:
-        with open("/proc/meminfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
-
-
-def warm_memory(nbytes: int, *, block: int = 256 << 20) -> int:
-    """Touch up to ``nbytes`` of fresh memory (at most a quarter of what is available).
-
-    On a virtual machine the first touch of a guest page is served by the host and costs
-    about ten times a later one, so a run on a fresh machine would time page faults
-    instead of kernels. Touching the memory once, up front, makes the suite measure the
-    steady state. Returns the bytes touched (0 where the amount available is unknown).
-    """
-    nbytes = min(nbytes, _available_bytes() // 4)
-    template = torch.empty(block, dtype=torch.uint8)  # never touched: costs nothing
-    blocks = [empty_like(template).fill_(1) for _ in range(nbytes // block)]
-    return len(blocks) * block
 
 
 @dataclass
