@@ -6,8 +6,8 @@
 // type: float for float32, bfloat16 and float16 inputs, double for float64. Every row
 // of D features is read once and written once: each pair (a, b) becomes
 // (a cos - b sin, a sin + b cos), each product and sum rounded in the compute type (no
-// fused multiply-add, so every layout and the PyTorch path give the same bits), then
-// rounded once to x's type; features R..D-1 are copied when out is not x. Rows are
+// fused multiply-add, so every layout and the PyTorch path give the same bits; a NaN is a
+// NaN, whose bits PyTorch's own paths do not agree on), then rounded once to x's type; features R..D-1 are copied when out is not x. Rows are
 // walked in memory order with pointers that advance by the strides (no division per
 // row), each of at::parallel_for's threads through one contiguous range of them.
 //
@@ -26,6 +26,15 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+
+// Built for a CPU with AVX512-BF16 (-march=native on AMD Zen 4 and later, Intel Cooper
+// Lake and Sapphire Rapids on): bfloat16 rows narrow sixteen floats by one instruction.
+#if defined(__AVX512F__) && defined(__AVX512BF16__) && defined(__AVX512DQ__)
+#include <immintrin.h>
+#define POSENC_AVX512_BF16 1
+#else
+#define POSENC_AVX512_BF16 0
+#endif
 
 namespace {
 
@@ -118,6 +127,88 @@ inline void rotate_row(const scalar_t* x, int64_t xs, scalar_t* out, int64_t os,
     }
   }
 }
+
+#if POSENC_AVX512_BF16
+// Sixteen bfloat16 widened to float: a shift of their bits, as widen<>.
+inline __m512 widen16(const Bf16Bits* p) {
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+
+// Sixteen floats narrowed as narrow<> does. VCVTNEPS2BF16 rounds to nearest even too, but
+// flushes subnormal floats to zero and keeps a NaN's sign and payload, so a vector with a
+// NaN or subnormal lane (fpclass: quiet NaN 0x01, subnormal 0x20, signalling NaN 0x80)
+// is narrowed lane by lane instead.
+inline void narrow16(__m512 v, Bf16Bits* p) {
+  if (_mm512_fpclass_ps_mask(v, 0x01 | 0x20 | 0x80) != 0) {
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, v);
+    for (int j = 0; j < 16; ++j) {
+      p[j] = narrow<Bf16Bits, float>(lanes[j]);
+    }
+    return;
+  }
+  const __m256i bits = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), bits);
+}
+
+// Half-split bfloat16 rows, sixteen pairs per step (the rest as the generic loop): the
+// same products, sums and rounding as turn<float>, so the same bits.
+template <>
+inline void rotate_row<Bf16Bits, float, Pairs::kHalfSplit>(const Bf16Bits* x, int64_t /*xs*/,
+                                                           Bf16Bits* out, int64_t /*os*/,
+                                                           const float* cos, const float* sin,
+                                                           int64_t half, bool /*interleaved*/) {
+  const Bf16Bits* x2 = x + half;
+  Bf16Bits* out2 = out + half;
+  int64_t i = 0;
+  for (; i + 16 <= half; i += 16) {
+    const __m512 a = widen16(x + i), b = widen16(x2 + i);
+    const __m512 c = _mm512_loadu_ps(cos + i), s = _mm512_loadu_ps(sin + i);
+    narrow16(_mm512_sub_ps(_mm512_mul_ps(a, c), _mm512_mul_ps(b, s)), out + i);
+    narrow16(_mm512_add_ps(_mm512_mul_ps(a, s), _mm512_mul_ps(b, c)), out2 + i);
+  }
+  for (; i < half; ++i) {
+    float na, nb;
+    turn<float>(widen<Bf16Bits, float>(x[i]), widen<Bf16Bits, float>(x2[i]), cos[i], sin[i], na,
+                nb);
+    out[i] = narrow<Bf16Bits, float>(na);
+    out2[i] = narrow<Bf16Bits, float>(nb);
+  }
+}
+
+// Interleaved bfloat16 rows, sixteen pairs (two vectors of a, b lanes) per step: with each
+// angle's cos and sin repeated for both lanes of its pair and the pairs' lanes swapped,
+// even lanes take a c - b s and odd lanes b c + a s, which is a s + b c bit for bit.
+template <>
+inline void rotate_row<Bf16Bits, float, Pairs::kInterleaved>(const Bf16Bits* x, int64_t /*xs*/,
+                                                             Bf16Bits* out, int64_t /*os*/,
+                                                             const float* cos, const float* sin,
+                                                             int64_t half, bool /*interleaved*/) {
+  const __m512i first = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+  const __m512i second = _mm512_add_epi32(first, _mm512_set1_epi32(8));
+  const __mmask16 odd = 0xAAAA;
+  int64_t i = 0;
+  for (; i + 16 <= half; i += 16) {
+    const __m512 c = _mm512_loadu_ps(cos + i), s = _mm512_loadu_ps(sin + i);
+    for (int part = 0; part < 2; ++part) {
+      const __m512i lanes = part == 0 ? first : second;
+      const __m512 v = widen16(x + 2 * i + 16 * part);
+      const __m512 swapped = _mm512_permute_ps(v, 0xB1);  // (a, b) -> (b, a) in each pair
+      const __m512 vc = _mm512_mul_ps(v, _mm512_permutexvar_ps(lanes, c));
+      const __m512 ws = _mm512_mul_ps(swapped, _mm512_permutexvar_ps(lanes, s));
+      narrow16(_mm512_mask_add_ps(_mm512_sub_ps(vc, ws), odd, vc, ws), out + 2 * i + 16 * part);
+    }
+  }
+  for (; i < half; ++i) {
+    float na, nb;
+    turn<float>(widen<Bf16Bits, float>(x[2 * i]), widen<Bf16Bits, float>(x[2 * i + 1]), cos[i],
+                sin[i], na, nb);
+    out[2 * i] = narrow<Bf16Bits, float>(na);
+    out[2 * i + 1] = narrow<Bf16Bits, float>(nb);
+  }
+}
+#endif
 
 // Ask for the cache lines of bytes [offset, offset + bytes) past p ahead of their use
 // (a prefetch never faults, also past the end of the tensor).
