@@ -5,17 +5,17 @@ query and a key ``[B, H, T, D]``. The floor copies both into preallocated tensor
 read and one write each, the least any rotation can do); an out-of-place rotation must
 also allocate its output, whose floor is the copy into a fresh tensor (the operating
 system zeroes new pages on first touch): with 4 KiB pages (``torch.empty_like``, what
-``apply_rope`` uses) and with huge pages (``fastpath.empty_like``). The other baselines are the
-transformers-style expression ``x * cos + rotate_half(x) * sin``, Meta's complex
+``apply_rope`` uses) and with huge pages (``fastpath.empty_like``). The other baselines
+are the transformers-style expression ``x * cos + rotate_half(x) * sin``, Meta's complex
 multiply, and, when installed, transformers' ``apply_rotary_pos_emb`` and
 ``rotary-embedding-torch``'s ``apply_rotary_emb`` (neither is a dependency of posenc).
 The in-place cases rotate ``q`` and ``k`` themselves, again and again (a rotation keeps
 their norms), so that every case reads the same tensors and finds them as warm in the
-caches as the floor does: at ``[4, 16, 2048, 64]`` bfloat16, q and k together are the size
-of a 32 MiB L3, where copies that only the in-place cases touched would start colder
-than the floor's inputs. Both copy floors are also timed a second time as cases of their own (``CONTROLS``,
-``timing.with_control``): how far a call lands from itself in the run bounds what any
-ratio to it can resolve.
+caches as the floor does: at ``[4, 16, 2048, 64]`` bfloat16, q and k together are the
+size of a 32 MiB L3, where copies that only the in-place cases touched would start
+colder than the floor's inputs. Both copy floors are also timed a second time as cases
+of their own (``CONTROLS``, ``timing.with_control``): how far a call lands from itself
+in the run bounds what any ratio to it can resolve.
 """
 
 from __future__ import annotations
