@@ -8,9 +8,10 @@ There is no up-front memory warm-up: each group's untimed rounds touch what it u
 virtual machine that reports free memory to its host (free page reporting: free 2 MiB
 blocks are handed back about 2 s after they are freed), touching and freeing a large
 buffer up front is undone within seconds, and handing it back stalls the guest: on a
-2-core EPYC VM, a loop of 16 MiB copies saw 24 stalls of 30-45 ms in the 15 s after 4 GiB
-was touched and freed, and none in 12 s without; a first group timed in those seconds
-missed its maxima in every quiet run that had the warm-up.
+2-core EPYC VM, a loop of 32 MiB copies saw 3-9 stalls of 32-80 ms in each 3 s window
+for 15 s after 4 GiB of huge pages were touched and freed, against at most one of 7 ms
+in 6 s before (``benchmarks/bench_noise.py``), and a first group timed in those seconds
+missed a maximum in each of three quiet runs that had the warm-up.
 """
 
 from __future__ import annotations
