@@ -155,7 +155,7 @@ def flex_attend(
     elif kind == "offset":
         values = offset_table(position, q, k, masking).values.detach()  # [H, 2T - 1]
         band = _constant_tail_band(values[:, length - 1 :]) if masking.causal else None
-        score_mod = _table_mod(values, length - 1) if band is None else _offset_band_mod(band)
+        score_mod = _table_mod(values, length - 1) if band is None else _band_mod(band)
     else:
         score_mod = position.score_mod()
     mask = _block_mask(length, length, 0, q.device.type) if masking.causal else None
@@ -184,28 +184,17 @@ def _constant_tail_band(causal: Tensor) -> Tensor | None:
     return (causal[:, :width] - last).contiguous()
 
 
-def _offset_band_mod(band: Tensor):
-    """``score + band[h, q_idx - kv_idx]`` at offsets ``0..W-1``, ``score`` elsewhere: a
-    masked load, skipped for each vector of scores wholly outside the band."""
-    width = band.shape[-1]
-
-    def score_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-        offset = q_idx - kv_idx
-        near = (offset >= 0) & (offset < width)
-        return score + torch.ops.aten._unsafe_masked_index(band, near, [h, offset], 0.0)
-
-    return score_mod
-
-
 def _band_mod(band: Tensor):
-    """``score + band[b, h, q_idx, q_idx - kv_idx]`` at offsets ``0..W-1``, ``score``
-    elsewhere: a masked load, skipped for each vector of scores wholly outside the band."""
-    width = band.shape[-1]
+    """``score + band[..., q_idx - kv_idx]`` at offsets ``0..W-1``, ``score`` elsewhere,
+    for a band of one row per head (``[H, W]``: T5's) or per query (``[B, H, T, W]``:
+    CoPE's): a masked load, skipped for each vector of scores wholly outside the band."""
+    width, per_query = band.shape[-1], band.dim() == 4
 
     def score_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         offset = q_idx - kv_idx
         near = (offset >= 0) & (offset < width)
-        return score + torch.ops.aten._unsafe_masked_index(band, near, [b, h, q_idx, offset], 0.0)
+        index = [b, h, q_idx, offset] if per_query else [h, offset]
+        return score + torch.ops.aten._unsafe_masked_index(band, near, index, 0.0)
 
     return score_mod
 
