@@ -159,13 +159,11 @@ def bias_targets(groups: list[Group]) -> list[Target]:
     for group in groups:
         if not group.info.get("core") or group.info["T"] not in TARGET_LENGTHS:
             continue
-        floor = group.stats[CORE_BASELINE]
+        floor, label = group.stats[CORE_BASELINE], f"attention T={group.info['T']:,}"
+        spread, spread_max = group.spread(CORE_BASELINE), group.spread(CORE_BASELINE, worst=True)
         for name, limit in BIAS_LIMITS.items():
-            label = f"attention T={group.info['T']:,}"
             ratio = group.ratio_to_floor(name)
-            spread = group.spread(CORE_BASELINE)
             targets.append(Target(label, f"{name}: ÷ SDPA", ratio, limit, True, spread))
             top = group.stats[name].max_ms / floor.max_ms
-            spread = group.spread(CORE_BASELINE, worst=True)
-            targets.append(Target(label, f"{name}: ÷ SDPA (max)", top, limit, True, spread))
+            targets.append(Target(label, f"{name}: ÷ SDPA (max)", top, limit, True, spread_max))
     return targets

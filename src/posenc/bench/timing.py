@@ -149,8 +149,13 @@ class Group:
             entry["x_floor"] = self.ratio_to_floor(name)
             entry["speedup"] = {b: self.speedup(name, b) for b in self.speedup_over}
             cases.append(entry)
-        out = {"suite": self.suite, "title": self.title, "info": self.info, "cases": cases}
-        return out | {"controls": self.controls}
+        return {
+            "suite": self.suite,
+            "title": self.title,
+            "info": self.info,
+            "cases": cases,
+            "controls": self.controls,
+        }
 
 
 def _cpu_model() -> str:
