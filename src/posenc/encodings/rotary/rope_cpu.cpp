@@ -91,41 +91,11 @@ inline void turn(acc_t a, acc_t b, acc_t c, acc_t s, acc_t& new_a, acc_t& new_b)
 // view gives bit for bit the result of its contiguous copy.
 enum class Pairs { kHalfSplit, kInterleaved, kStrided };
 
+// The pairs [0, n) of a unit-stride row that a vector path rotates before the loops of
+// rotate_row take the rest; returns n. None by default: the loops vectorize on their own.
 template <typename scalar_t, typename acc_t, Pairs pairs>
-inline void rotate_row(const scalar_t* x, int64_t xs, scalar_t* out, int64_t os, const acc_t* cos,
-                       const acc_t* sin, int64_t half, bool interleaved) {
-  if constexpr (pairs == Pairs::kHalfSplit) {
-    const scalar_t* x2 = x + half;
-    scalar_t* out2 = out + half;
-#pragma omp simd
-    for (int64_t i = 0; i < half; ++i) {
-      acc_t na, nb;
-      turn<acc_t>(widen<scalar_t, acc_t>(x[i]), widen<scalar_t, acc_t>(x2[i]), cos[i], sin[i],
-                  na, nb);
-      out[i] = narrow<scalar_t, acc_t>(na);
-      out2[i] = narrow<scalar_t, acc_t>(nb);
-    }
-  } else if constexpr (pairs == Pairs::kInterleaved) {
-#pragma omp simd
-    for (int64_t i = 0; i < half; ++i) {
-      acc_t na, nb;
-      turn<acc_t>(widen<scalar_t, acc_t>(x[2 * i]), widen<scalar_t, acc_t>(x[2 * i + 1]),
-                  cos[i], sin[i], na, nb);
-      out[2 * i] = narrow<scalar_t, acc_t>(na);
-      out[2 * i + 1] = narrow<scalar_t, acc_t>(nb);
-    }
-  } else {
-    const int64_t second = interleaved ? 1 : half;  // offset of b from a
-    const int64_t step = interleaved ? 2 : 1;       // offset between consecutive a's
-    for (int64_t i = 0; i < half; ++i) {
-      const int64_t ia = i * step, ib = ia + second;
-      acc_t na, nb;
-      turn<acc_t>(widen<scalar_t, acc_t>(x[ia * xs]), widen<scalar_t, acc_t>(x[ib * xs]),
-                  cos[i], sin[i], na, nb);
-      out[ia * os] = narrow<scalar_t, acc_t>(na);
-      out[ib * os] = narrow<scalar_t, acc_t>(nb);
-    }
-  }
+inline int64_t rotate_prefix(const scalar_t*, scalar_t*, const acc_t*, const acc_t*, int64_t) {
+  return 0;
 }
 
 #if POSENC_AVX512_BF16
@@ -152,39 +122,31 @@ inline void narrow16(__m512 v, Bf16Bits* p) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), bits);
 }
 
-// Half-split bfloat16 rows, sixteen pairs per step (the rest as the generic loop): the
-// same products, sums and rounding as turn<float>, so the same bits.
+// Half-split bfloat16 rows, sixteen pairs per step: the same products, sums and rounding
+// as turn<float>, so the same bits.
 template <>
-inline void rotate_row<Bf16Bits, float, Pairs::kHalfSplit>(const Bf16Bits* x, int64_t /*xs*/,
-                                                           Bf16Bits* out, int64_t /*os*/,
-                                                           const float* cos, const float* sin,
-                                                           int64_t half, bool /*interleaved*/) {
-  const Bf16Bits* x2 = x + half;
-  Bf16Bits* out2 = out + half;
+inline int64_t rotate_prefix<Bf16Bits, float, Pairs::kHalfSplit>(const Bf16Bits* x, Bf16Bits* out,
+                                                                 const float* cos,
+                                                                 const float* sin, int64_t half) {
   int64_t i = 0;
   for (; i + 16 <= half; i += 16) {
-    const __m512 a = widen16(x + i), b = widen16(x2 + i);
+    const __m512 a = widen16(x + i), b = widen16(x + half + i);
     const __m512 c = _mm512_loadu_ps(cos + i), s = _mm512_loadu_ps(sin + i);
     narrow16(_mm512_sub_ps(_mm512_mul_ps(a, c), _mm512_mul_ps(b, s)), out + i);
-    narrow16(_mm512_add_ps(_mm512_mul_ps(a, s), _mm512_mul_ps(b, c)), out2 + i);
+    narrow16(_mm512_add_ps(_mm512_mul_ps(a, s), _mm512_mul_ps(b, c)), out + half + i);
   }
-  for (; i < half; ++i) {
-    float na, nb;
-    turn<float>(widen<Bf16Bits, float>(x[i]), widen<Bf16Bits, float>(x2[i]), cos[i], sin[i], na,
-                nb);
-    out[i] = narrow<Bf16Bits, float>(na);
-    out2[i] = narrow<Bf16Bits, float>(nb);
-  }
+  return i;
 }
 
 // Interleaved bfloat16 rows, sixteen pairs (two vectors of a, b lanes) per step: with each
 // angle's cos and sin repeated for both lanes of its pair and the pairs' lanes swapped,
 // even lanes take a c - b s and odd lanes b c + a s, which is a s + b c bit for bit.
 template <>
-inline void rotate_row<Bf16Bits, float, Pairs::kInterleaved>(const Bf16Bits* x, int64_t /*xs*/,
-                                                             Bf16Bits* out, int64_t /*os*/,
-                                                             const float* cos, const float* sin,
-                                                             int64_t half, bool /*interleaved*/) {
+inline int64_t rotate_prefix<Bf16Bits, float, Pairs::kInterleaved>(const Bf16Bits* x,
+                                                                   Bf16Bits* out,
+                                                                   const float* cos,
+                                                                   const float* sin,
+                                                                   int64_t half) {
   const __m512i first = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
   const __m512i second = _mm512_add_epi32(first, _mm512_set1_epi32(8));
   const __mmask16 odd = 0xAAAA;
@@ -200,15 +162,48 @@ inline void rotate_row<Bf16Bits, float, Pairs::kInterleaved>(const Bf16Bits* x, 
       narrow16(_mm512_mask_add_ps(_mm512_sub_ps(vc, ws), odd, vc, ws), out + 2 * i + 16 * part);
     }
   }
-  for (; i < half; ++i) {
-    float na, nb;
-    turn<float>(widen<Bf16Bits, float>(x[2 * i]), widen<Bf16Bits, float>(x[2 * i + 1]), cos[i],
-                sin[i], na, nb);
-    out[2 * i] = narrow<Bf16Bits, float>(na);
-    out[2 * i + 1] = narrow<Bf16Bits, float>(nb);
-  }
+  return i;
 }
 #endif
+
+template <typename scalar_t, typename acc_t, Pairs pairs>
+inline void rotate_row(const scalar_t* x, int64_t xs, scalar_t* out, int64_t os, const acc_t* cos,
+                       const acc_t* sin, int64_t half, bool interleaved) {
+  if constexpr (pairs == Pairs::kHalfSplit) {
+    const scalar_t* x2 = x + half;
+    scalar_t* out2 = out + half;
+    const int64_t first = rotate_prefix<scalar_t, acc_t, pairs>(x, out, cos, sin, half);
+#pragma omp simd
+    for (int64_t i = first; i < half; ++i) {
+      acc_t na, nb;
+      turn<acc_t>(widen<scalar_t, acc_t>(x[i]), widen<scalar_t, acc_t>(x2[i]), cos[i], sin[i],
+                  na, nb);
+      out[i] = narrow<scalar_t, acc_t>(na);
+      out2[i] = narrow<scalar_t, acc_t>(nb);
+    }
+  } else if constexpr (pairs == Pairs::kInterleaved) {
+    const int64_t first = rotate_prefix<scalar_t, acc_t, pairs>(x, out, cos, sin, half);
+#pragma omp simd
+    for (int64_t i = first; i < half; ++i) {
+      acc_t na, nb;
+      turn<acc_t>(widen<scalar_t, acc_t>(x[2 * i]), widen<scalar_t, acc_t>(x[2 * i + 1]),
+                  cos[i], sin[i], na, nb);
+      out[2 * i] = narrow<scalar_t, acc_t>(na);
+      out[2 * i + 1] = narrow<scalar_t, acc_t>(nb);
+    }
+  } else {
+    const int64_t second = interleaved ? 1 : half;  // offset of b from a
+    const int64_t step = interleaved ? 2 : 1;       // offset between consecutive a's
+    for (int64_t i = 0; i < half; ++i) {
+      const int64_t ia = i * step, ib = ia + second;
+      acc_t na, nb;
+      turn<acc_t>(widen<scalar_t, acc_t>(x[ia * xs]), widen<scalar_t, acc_t>(x[ib * xs]),
+                  cos[i], sin[i], na, nb);
+      out[ia * os] = narrow<scalar_t, acc_t>(na);
+      out[ib * os] = narrow<scalar_t, acc_t>(nb);
+    }
+  }
+}
 
 // Ask for the cache lines of bytes [offset, offset + bytes) past p ahead of their use
 // (a prefetch never faults, also past the end of the tensor).
