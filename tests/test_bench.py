@@ -11,6 +11,7 @@ import json
 import os
 
 import pytest
+import torch
 
 from posenc.bench import SUITES, run_benchmarks
 from posenc.bench.load import busy_processes
@@ -259,3 +260,29 @@ def test_bias_targets_hold_each_encoding_to_its_limit():
     assert median.value == pytest.approx(stats["alibi"].median_ms / stats[CORE_BASELINE].median_ms)
     assert median.limit == 1.3 and not median.met  # 2.27x
     assert targets["fire: ÷ SDPA (max)"].met  # 30 / 12 = 2.5x <= 3x
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_a_peer_case_calls_the_peer_once_per_q_and_k_pair(monkeypatch, backward):
+    """transformers' case runs what its users run, ``apply_rotary_pos_emb(q, k, ...)``
+    once (it rotated q and k twice when each was passed as both), and rotates each tensor
+    as ``apply_rope`` does."""
+    llama = pytest.importorskip("transformers.models.llama.modeling_llama")
+    from posenc.bench import rope as bench_rope
+
+    calls = []
+    original = llama.apply_rotary_pos_emb
+
+    def counted(q, k, cos, sin, *args, **kwargs):
+        calls.append(q.shape)
+        return original(q, k, cos, sin, *args, **kwargs)
+
+    monkeypatch.setattr(llama, "apply_rotary_pos_emb", counted)
+    tensors = bench_rope._inputs((1, 2, 8, 16), torch.float64)
+    build = bench_rope._backward_cases if backward else bench_rope._forward_cases
+    cases = build(tensors)
+    peer, ours = cases["HF apply_rotary_pos_emb"](), cases["apply_rope half"]()
+    assert len(calls) == 1
+    if not backward:  # (the backward cases' outputs are gradients of their own random grads)
+        for got, want in zip(peer, ours, strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)

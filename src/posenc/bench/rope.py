@@ -20,6 +20,7 @@ in the run bounds what any ratio to it can resolve.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -72,36 +73,35 @@ def _meta_style(x: Tensor, freqs: Tensor) -> Tensor:
 
 def _optional_baselines(
     angles: Tensor, cos_full: Tensor, sin_full: Tensor
-) -> dict[str, Callable[[Tensor], Tensor]]:
-    """transformers' and rotary-embedding-torch's own functions, where importable."""
-    found: dict[str, Callable[[Tensor], Tensor]] = {}
+) -> dict[str, Callable[[Tensor, Tensor], Pair]]:
+    """transformers' and rotary-embedding-torch's own functions, where importable, each
+    called as its users call it on a query and a key: ``apply_rotary_pos_emb(q, k, ...)``
+    rotates both in one call, ``apply_rotary_emb(freqs, x)`` one tensor a call."""
+    found: dict[str, Callable[[Tensor, Tensor], Pair]] = {}
     try:
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
     except ImportError:
         pass
     else:
         cos_b, sin_b = cos_full[None], sin_full[None]  # [1, T, D], as Llama passes them
-
-        def hf_function(x: Tensor) -> Tensor:
-            return apply_rotary_pos_emb(x, x, cos_b, sin_b)[0]
-
-        found["HF apply_rotary_pos_emb"] = hf_function
+        found["HF apply_rotary_pos_emb"] = lambda q, k: apply_rotary_pos_emb(q, k, cos_b, sin_b)
     try:
         from rotary_embedding_torch import apply_rotary_emb
     except ImportError:
         pass
     else:
         freqs = angles.repeat_interleave(2, dim=-1)  # [T, D], its interleaved layout
-
-        def lucidrains(x: Tensor) -> Tensor:
-            return apply_rotary_emb(freqs, x)
-
-        found["rotary-embedding-torch"] = lucidrains
+        found["rotary-embedding-torch"] = _pairwise(lambda x: apply_rotary_emb(freqs, x))
     return found
 
 
+def _pairwise(fn: Callable[[Tensor], Tensor]) -> Callable[[Tensor, Tensor], Pair]:
+    """``fn`` applied to the query and to the key."""
+    return lambda q, k: (fn(q), fn(k))
+
+
 def _both(fn: Callable[[Tensor], Tensor], q: Tensor, k: Tensor) -> Callable[[], Pair]:
-    return lambda: (fn(q), fn(k))
+    return functools.partial(_pairwise(fn), q, k)
 
 
 def _inputs(shape: tuple[int, ...], dtype: torch.dtype, seed: int = 0) -> dict[str, Tensor]:
@@ -135,7 +135,7 @@ def _forward_cases(t: dict[str, Tensor]) -> dict[str, Callable[[], object]]:
         "Meta complex multiply": _both(lambda x: _meta_style(x, freqs), q, k),
     }
     for name, fn in _optional_baselines(t["angles"], t["cos_full"], t["sin_full"]).items():
-        cases[name] = _both(fn, q, k)
+        cases[name] = lambda fn=fn: fn(q, k)
     for layout, inter in LAYOUTS:
         cases[f"apply_rope {layout}"] = _both(
             lambda x, i=inter: apply_rope(x, cos, sin, interleaved=i), q, k
@@ -148,11 +148,11 @@ def _forward_cases(t: dict[str, Tensor]) -> dict[str, Callable[[], object]]:
     return with_control(cases, CONTROLS)
 
 
-def _train_step(fn: Callable[[Tensor], Tensor], q: Tensor, k: Tensor) -> Callable[[], object]:
-    """Forward and backward of ``fn`` on ``q`` and ``k`` with a fixed upstream gradient."""
+def _train_step(fn: Callable[[Tensor, Tensor], Pair], q: Tensor, k: Tensor) -> Callable[[], object]:
+    """Forward and backward of ``fn(q, k)`` with a fixed upstream gradient."""
     q, k = q.detach().requires_grad_(), k.detach().requires_grad_()
     grads = (torch.randn_like(q), torch.randn_like(k))
-    return lambda: torch.autograd.grad((fn(q), fn(k)), (q, k), grads)
+    return lambda: torch.autograd.grad(fn(q, k), (q, k), grads)
 
 
 def _backward_cases(t: dict[str, Tensor]) -> dict[str, Callable[[], object]]:
@@ -165,13 +165,15 @@ def _backward_cases(t: dict[str, Tensor]) -> dict[str, Callable[[], object]]:
             outs[2].copy_(q),
             outs[3].copy_(k),
         ),
-        HF_STYLE: _train_step(lambda x: _hf_style(x, t["cos_full"], t["sin_full"]), q, k),
+        HF_STYLE: _train_step(
+            _pairwise(lambda x: _hf_style(x, t["cos_full"], t["sin_full"])), q, k
+        ),
     }
     for name, fn in _optional_baselines(t["angles"], t["cos_full"], t["sin_full"]).items():
         cases[name] = _train_step(fn, q, k)
     for layout, inter in LAYOUTS:
         cases[f"apply_rope {layout}"] = _train_step(
-            lambda x, i=inter: apply_rope(x, cos, sin, interleaved=i), q, k
+            _pairwise(lambda x, i=inter: apply_rope(x, cos, sin, interleaved=i)), q, k
         )
     return cases
 
