@@ -1,0 +1,226 @@
+"""Every measured figure the README and docs/performance.md quote equals the records it cites.
+
+Each claim names the sentence it is quoted in (a regular expression whose group ``r`` is
+the figure: ``1.00–1.16`` or ``1.26``), the records it cites and the cells of those records
+it summarizes; a quoted range must be the minimum and maximum over exactly those cells,
+rounded to the decimals quoted.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+FIGURE = r"(?P<r>\d+(?:\.\d+)?(?:–\d+(?:\.\d+)?)?)"
+
+ROPE_QUIET = ("rope-2cpu-quiet-r13.json", "rope-2cpu-quiet-r13b.json")
+ROPE_LOAD = ("rope-2cpu-load2-r13.json", "rope-2cpu-load2-r13b.json")
+ATTENTION = tuple(f"attention-2cpu-quiet-{r}.json" for r in ("r14", "r13", "r12b", "r12c"))
+H200 = "cuda-h200/triton-rope-h200.json"
+H200_BEFORE = "cuda-h200/triton-rope-h200-previous-interleaved.json"
+
+
+@cache
+def _record(name: str) -> dict:
+    return json.loads((RESULTS / name).read_text())
+
+
+def _targets(records: Iterable[str], keep: Callable[[str], bool]) -> list[float]:
+    return [t["value"] for r in records for t in _record(r)["targets"] if keep(t["name"])]
+
+
+def _median(*words: str) -> Callable[[str], bool]:
+    """A target's median ratio whose name holds every one of ``words``."""
+    return lambda name: "(max)" not in name and all(w in name for w in words)
+
+
+def _maximum(*words: str) -> Callable[[str], bool]:
+    return lambda name: "(max)" in name and all(w in name for w in words)
+
+
+def _floor_ratios(records: Iterable[str], shape: str, dtype: str, cases: Iterable[str]) -> list:
+    """``x_floor`` of the GPU groups' ``cases`` at ``shape`` (``[1, 32, 8192, 128]``)."""
+    return [
+        c["x_floor"]
+        for r in records
+        for g in _record(r)["groups"]
+        if g["title"].startswith(f"GPU RoPE {shape} {dtype}")
+        for c in g["cases"]
+        if c["case"] in cases
+    ]
+
+
+@dataclass(frozen=True)
+class Claim:
+    doc: str  # the file, relative to the repository
+    sentence: str  # a regular expression; its group ``r`` is the quoted figure
+    cells: Callable[[], list[float]]  # the cited records' cells the figure summarizes
+
+
+def _gpu(records: Iterable[str], dtype: str, *layouts: str) -> Callable[[], list[float]]:
+    cases = [f"posenc.triton {lay}{mode}" for lay in layouts for mode in ("", ", in place")]
+    return lambda: _floor_ratios(records, "[1, 32, 8192, 128]", dtype, cases)
+
+
+def _seconds(run: str) -> Callable[[], list[float]]:
+    path = ROOT / "runs-recorded" / run / "results.json"
+    return lambda: [r["seconds"] for r in json.loads(path.read_text())["runs"]]
+
+
+def _attention(*names: str, maximum: bool = False) -> Callable[[], list[float]]:
+    pick = _maximum if maximum else _median
+    return lambda: [v for n in names for v in _targets(ATTENTION, pick(f" {n}: ÷ SDPA"))]
+
+
+def _attention_at(t: str, name: str, maximum: bool = False) -> Callable[[], list[float]]:
+    pick = _maximum if maximum else _median
+    return lambda: _targets(ATTENTION, pick(f"T={int(t):,} {name}: ÷ SDPA"))
+
+
+README, PERF = "README.md", "docs/performance.md"
+CLAIMS = [
+    Claim(
+        README,
+        rf"`posenc\.apply_rope` costs {FIGURE}× a copy\s+into a fresh tensor",
+        lambda: _targets(ROPE_QUIET + ROPE_LOAD, _median(": ÷ clone")),
+    ),
+    Claim(
+        README,
+        rf"in place {FIGURE}× a copy into a preallocated one",
+        lambda: _targets(ROPE_QUIET + ROPE_LOAD, _median("_: ÷ floor")),
+    ),
+    Claim(
+        README,
+        rf"is {FIGURE}× faster than the transformers-style expression\s+"
+        r"`x\*cos \+ rotate_half\(x\)\*sin` in fp32",
+        lambda: _targets(ROPE_QUIET[:1], _median("× faster", "fp32")),
+    ),
+    Claim(
+        README,
+        rf"`x\*cos \+ rotate_half\(x\)\*sin` in fp32, {FIGURE}× in bf16",
+        lambda: _targets(ROPE_QUIET[:1], _median("× faster", "bf16")),
+    ),
+    Claim(
+        PERF,
+        rf"posenc is {FIGURE}× faster in fp32",
+        lambda: _targets(ROPE_QUIET, _median("× faster", "fp32")),
+    ),
+    Claim(
+        PERF,
+        rf"faster in fp32 and {FIGURE}× in bf16\s+\(quiet",
+        lambda: _targets(ROPE_QUIET, _median("× faster", "bf16")),
+    ),
+    Claim(
+        PERF,
+        rf"with backward\), {FIGURE}× and",
+        lambda: _targets(ROPE_LOAD, _median("× faster", "fp32")),
+    ),
+    Claim(
+        PERF,
+        rf"with backward\), [\d.–]+× and\s+{FIGURE}× under load",
+        lambda: _targets(ROPE_LOAD, _median("× faster", "bf16")),
+    ),
+    Claim(
+        README,
+        rf"Triton RoPE kernel at {FIGURE}× the HBM copy floor\s+in fp32, both layouts",
+        _gpu([H200], "float32", "half-split", "interleaved"),
+    ),
+    Claim(
+        PERF, rf"\| fp32, H200 \| {FIGURE}× \|", _gpu([H200, H200_BEFORE], "float32", "half-split")
+    ),
+    Claim(
+        PERF, rf"\| fp32, H200 \| [\d.–]+× \| {FIGURE}× \|", _gpu([H200], "float32", "interleaved")
+    ),
+    Claim(
+        PERF,
+        rf"\| fp32, H200 \| [\d.–]+× \| [\d.–]+× \| {FIGURE}× \|",
+        _gpu([H200_BEFORE], "float32", "interleaved"),
+    ),
+    Claim(
+        PERF, rf"\| bf16, H200 \| {FIGURE}× \|", _gpu([H200, H200_BEFORE], "bfloat16", "half-split")
+    ),
+    Claim(
+        PERF, rf"\| bf16, H200 \| [\d.–]+× \| {FIGURE}× \|", _gpu([H200], "bfloat16", "interleaved")
+    ),
+    Claim(
+        PERF,
+        rf"\| bf16, H200 \| [\d.–]+× \| [\d.–]+× \| {FIGURE}× \|",
+        _gpu([H200_BEFORE], "bfloat16", "interleaved"),
+    ),
+    Claim(README, rf"18 runs took {FIGURE} s each", _seconds("cuda-h200-stdlib")),
+    Claim(PERF, rf"18\s+runs took {FIGURE} s each", _seconds("cuda-h200-stdlib")),
+    Claim(README, rf"costs {FIGURE}× causal SDPA with ALiBi", _attention("alibi")),
+    Claim(README, rf"{FIGURE}× with T5", _attention("t5")),
+    Claim(README, rf"{FIGURE}× with KERPLE or Sandwich", _attention("kerple", "sandwich")),
+    Claim(README, rf"{FIGURE}× with\s+FIRE or Shaw", _attention("fire", "shaw")),
+    Claim(README, rf"{FIGURE}× with CoPE", _attention("cope")),
+]
+
+#: The columns of performance.md's bias-attention table, as the records name them.
+ATTENTION_COLUMNS = ("alibi", "t5", "kerple", "sandwich", "fire", "shaw", "cope")
+for _t in ("2048", "4096", "8192"):
+    for _i, _name in enumerate(ATTENTION_COLUMNS):
+        _before = r" [^|]+ \|" * _i
+        for _maximum_too in (False, True):
+            _cell = rf"{FIGURE} \([^)]+\)" if not _maximum_too else rf"[\d.–]+ \({FIGURE}\)"
+            CLAIMS.append(
+                Claim(
+                    PERF,
+                    rf"\| {_t} \|{_before} {_cell} \|(?=.*\n\nEvery median meets its target)",
+                    _attention_at(_t, _name, _maximum_too),
+                )
+            )
+
+
+def _quoted(claim: Claim) -> str:
+    text = (ROOT / claim.doc).read_text().replace("**", "")
+    found = [m["r"] for m in re.finditer(claim.sentence, text, flags=re.DOTALL)]
+    assert len(found) == 1, f"{claim.doc}: {claim.sentence!r} found {len(found)} times"
+    return found[0]
+
+
+def _rounded(cells: list[float], quoted: str) -> str:
+    decimals = len(quoted.split("–")[0].partition(".")[2])
+    low, high = (f"{v:.{decimals}f}" for v in (min(cells), max(cells)))
+    return low if low == high and "–" not in quoted else f"{low}–{high}"
+
+
+def _name(claim: Claim) -> str:
+    words = re.sub(r"\(\?P<r>.*?\)\?\)|\[.*?\]|[^A-Za-z0-9 ]", " ", claim.sentence).split()
+    return f"{Path(claim.doc).stem}: {' '.join(words)[:60]}"
+
+
+@pytest.mark.parametrize("claim", CLAIMS, ids=_name)
+def test_a_quoted_figure_equals_its_records(claim):
+    cells = claim.cells()
+    assert cells, f"no cell of the cited records matches {claim.sentence!r}"
+    quoted = _quoted(claim)
+    assert quoted == _rounded(cells, quoted)
+
+
+def test_the_maxima_missed_are_counted_over_the_cited_cells():
+    maxima = [
+        t
+        for r in ROPE_QUIET + ROPE_LOAD
+        for t in _record(r)["targets"]
+        if "(max)" in t["name"] and ("÷ clone" in t["name"] or "_: ÷ floor" in t["name"])
+    ]
+    missed = sum(not t["met"] for t in maxima)
+    phrase = f"missed in {missed} of the {len(maxima)} cells"
+    assert phrase in (ROOT / README).read_text()
+    assert phrase.replace("missed", "miss") in (ROOT / PERF).read_text()
+
+
+def test_a_figure_that_does_not_match_fails():
+    claim = Claim(README, "", lambda: [1.004, 1.164])
+    assert _rounded(claim.cells(), "1.00–1.16") == "1.00–1.16"
+    assert _rounded(claim.cells(), "1.0–1.2") == "1.0–1.2"
+    assert _rounded([3.81, 5.88], "3.8–4.4") != "3.8–4.4"
