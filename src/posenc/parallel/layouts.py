@@ -63,6 +63,18 @@ class ShardLayout:
     positions: Tensor
     cu_seqlens: Tensor | None = None
 
+    @property
+    def unsplit_length(self) -> int:
+        """``max(position) + 1`` over every rank: the length an unsplit call observes.
+
+        ``T`` for one sequence, the longest document for THD. A length-dependent RoPE scaling
+        (dynamic NTK, LongRoPE) must follow this length on every rank, not the shard's.
+        """
+        if self.cu_seqlens is None:
+            return self.seq_len
+        lengths = self.cu_seqlens[1:] - self.cu_seqlens[:-1]
+        return int(lengths.max()) * self.cp_size
+
     def shard(self, x: Tensor, dim: int = 1) -> Tensor:
         """Return this rank's tokens of ``x``, whose axis ``dim`` is the token axis (length T).
 
