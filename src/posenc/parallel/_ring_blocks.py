@@ -1,0 +1,156 @@
+"""One (query shard, key block) pair of ring attention: logits, online-softmax statistics and
+the recomputed backward (Milakov & Gimelshein 2018, "Online normalizer calculation for
+softmax"; Dao et al. 2022, "FlashAttention", Algorithm 2 and its backward, Algorithm 4).
+
+Shapes: ``B`` batch, ``H`` query heads, ``Hkv`` key/value heads, ``Tq`` the rank's queries,
+``Tk`` the keys of the block, ``D`` head_dim. Positions are ``[T]`` or ``[B, T]``, segment
+ids ``[B, T]`` or None. Every computation here runs in the accumulation dtype (float32 for
+bf16/fp16 inputs).
+
+For a pair the logits are ``l = q k^T * scale + b`` with the encoding's own bias ``b`` for
+the pair's global positions (``score_bias``, SCORE site), ``-inf`` where the key is hidden
+(``k_pos > q_pos`` under a causal mask, another segment). A block contributes its row maxima
+``m``, the sums ``l_sum = sum_j exp(l_ij - m_i)`` and ``acc = sum_j exp(l_ij - m_i) w_ij``
+with ``w_ij = v_j`` plus the encoding's value term (VALUE site, linear in the weights: Shaw
+et al. 2018, eq. (3)); the shards merge by rescaling to a common maximum.
+
+Backward, given the global log-sum-exp ``lse`` and ``delta_i = dO_i . O_i``: with
+``P = exp(l - lse)``, the surrogate ``sum(dO * (P w)) - sum(delta * rowsum(P))`` has the
+gradient ``P * (dP - delta)`` with respect to the logits, which is the softmax's
+(``dS = P * (dP - rowsum(dO * O))``), so one ``autograd.grad`` of it gives the gradients of
+the queries, keys, values and every parameter of the bias and the value term.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from posenc.attention.module import repeat_kv
+from posenc.base import PositionalEncoding, Site
+
+__all__ = ["Pair", "Shard", "block_backward", "block_forward", "merge", "visible"]
+
+
+@dataclass(frozen=True)
+class Shard:
+    """What travels with a key block (or stays with the queries): global ``positions`` and
+    the ``segment_ids`` of its tokens (None: one document)."""
+
+    positions: Tensor
+    segment_ids: Tensor | None
+
+
+def visible(causal: bool, queries: Shard, keys: Shard) -> Tensor | None:
+    """Bool ``[B|1, 1, Tq, Tk]`` (True = the query sees the key), or None: every key."""
+    mask = None
+    if causal:
+        mask = keys.positions[..., None, :] <= queries.positions[..., :, None]
+    if queries.segment_ids is not None and keys.segment_ids is not None:
+        same = keys.segment_ids[:, None, :] == queries.segment_ids[:, :, None]
+        mask = same if mask is None else mask & same
+    if mask is None:
+        return None
+    return mask.unsqueeze(-3) if mask.dim() == 3 else mask[None, None]
+
+
+@dataclass(frozen=True)
+class Pair:
+    """The rank's queries ``q [B, H, Tq, D]`` and one key block ``k, v [B, Hkv, Tk, D]``
+    (accumulation dtype), their shards, the block's ``mask`` (``visible``), the encoding and
+    the logits scale."""
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    queries: Shard
+    keys: Shard
+    mask: Tensor | None
+    position: PositionalEncoding
+    scale: float
+
+    def logits(self, q: Tensor, k: Tensor) -> Tensor:
+        """Scaled, biased, masked logits ``[B, H, Tq, Tk]`` of ``q`` and ``k [B, H, Tk, D]``."""
+        position = self.position
+        logits = torch.matmul(q, k.transpose(-2, -1)) * self.scale
+        if position.sites & Site.SCORE:
+            bias = position.score_bias(q, k, self.queries.positions, self.keys.positions)
+            if bias is not None:
+                want = logits.shape
+                if bias.dim() != 4 or bias.shape[1:] != want[1:] or bias.shape[0] not in (
+                    1, want[0],
+                ):  # fmt: skip
+                    raise ValueError(
+                        f"{type(position).__name__}.score_bias returned shape "
+                        f"{tuple(bias.shape)}, expected {list(want)} (batch may be 1)"
+                    )
+                logits = logits + bias.to(logits.dtype)
+        if self.mask is not None:
+            logits = logits.masked_fill(~self.mask, float("-inf"))
+        return logits
+
+    def weighted(self, probs: Tensor, v: Tensor) -> Tensor:
+        """``probs @ v`` plus the encoding's value term of ``probs``: ``[B, H, Tq, D]``."""
+        out = torch.matmul(probs, v)
+        if self.position.sites & Site.VALUE:
+            term = self.position.value_term(probs, self.queries.positions, self.keys.positions)
+            if term is not None:
+                out = out + term.to(out.dtype)
+        return out
+
+
+def block_forward(pair: Pair) -> tuple[Tensor, Tensor, Tensor]:
+    """``(m, l_sum, acc)`` of one pair: ``[B, H, Tq]``, ``[B, H, Tq]``, ``[B, H, Tq, D]``.
+    A row without a visible key has ``m = -inf`` and zeros."""
+    heads = pair.q.shape[1]
+    logits = pair.logits(pair.q, repeat_kv(pair.k, heads))
+    peak = logits.amax(-1)  # [B, H, Tq]
+    probs = torch.exp(logits - _finite(peak)[..., None])  # 0 where hidden
+    return peak, probs.sum(-1), pair.weighted(probs, repeat_kv(pair.v, heads))
+
+
+def merge(
+    state: tuple[Tensor, Tensor, Tensor] | None, block: tuple[Tensor, Tensor, Tensor]
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Two online-softmax states ``(m, l_sum, acc)`` rescaled to their common maximum."""
+    if state is None:
+        return block
+    (m_a, l_a, acc_a), (m_b, l_b, acc_b) = state, block
+    peak = torch.maximum(m_a, m_b)
+    base = _finite(peak)
+    w_a, w_b = torch.exp(m_a - base), torch.exp(m_b - base)  # 0 for a row of -inf
+    return peak, l_a * w_a + l_b * w_b, acc_a * w_a[..., None] + acc_b * w_b[..., None]
+
+
+def block_backward(
+    pair: Pair, grad_out: Tensor, lse: Tensor, delta: Tensor, params: Sequence[Tensor]
+) -> tuple[Tensor, Tensor, Tensor, list[Tensor | None]]:
+    """Gradients ``(dq, dk, dv, d params)`` of one pair from the recomputed probabilities.
+
+    Args:
+        pair: the pair (its tensors are not differentiated through).
+        grad_out: ``dO [B, H, Tq, D]``.
+        lse: the global log-sum-exp ``[B, H, Tq]`` (finite: 0 for a row that sees nothing).
+        delta: ``rowsum(dO * O)`` ``[B, H, Tq]``.
+        params: the parameters of the bias and value term that require gradients.
+    """
+    heads = pair.q.shape[1]
+    with torch.enable_grad():
+        leaves = [t.detach().requires_grad_() for t in (pair.q, pair.k, pair.v)]
+        q, k, v = leaves
+        probs = torch.exp(pair.logits(q, repeat_kv(k, heads)) - lse[..., None])
+        out = pair.weighted(probs, repeat_kv(v, heads))
+        surrogate = (grad_out * out).sum() - (delta * probs.sum(-1)).sum()
+        grads = torch.autograd.grad(surrogate, [*leaves, *params], allow_unused=True)
+    dq, dk, dv = (
+        torch.zeros_like(t) if g is None else g for t, g in zip(leaves, grads[:3], strict=True)
+    )
+    return dq, dk, dv, list(grads[3:])
+
+
+def _finite(peak: Tensor) -> Tensor:
+    """``peak`` with ``-inf`` (a row that sees no key) as 0, to subtract safely."""
+    return torch.where(torch.isfinite(peak), peak, torch.zeros_like(peak))

@@ -1,0 +1,52 @@
+"""Launch one test worker script as several gloo ranks on this machine.
+
+``run_ranks(worker, world, *args)`` starts ``python worker RANK WORLD PORT OUT.json *args``
+for each rank (``OMP_NUM_THREADS=1``, a free port), waits for all of them with a timeout so
+that a failure never hangs the suite, and returns the JSON rank 0 wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_ranks(worker: Path, world: int, *args: str, timeout: float = 300) -> object:
+    """Run ``world`` ranks of ``worker``; raise ``AssertionError`` with a failed rank's
+    stderr, or ``subprocess.TimeoutExpired`` (after killing every rank) past ``timeout``."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "out.json"
+        port = str(free_port())
+        procs = [
+            subprocess.Popen(
+                [sys.executable, str(worker), str(rank), str(world), port, str(out), *args],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
+            for rank in range(world)
+        ]
+        try:
+            for rank, proc in enumerate(procs):
+                _, err = proc.communicate(timeout=timeout)
+                assert proc.returncode == 0, f"rank {rank} failed:\n{err[-3000:]}"
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.communicate()
+        return json.loads(out.read_text(encoding="utf-8"))

@@ -1,0 +1,212 @@
+"""One rank of the ring attention check (spawned ``WORLD`` times by test_ring_attention.py).
+
+Usage: ``python tests/_ring_worker.py RANK WORLD PORT OUT.json MODE`` with ``MODE`` one of
+``grid`` (every encoding x layout x mask), ``errors`` (bad shards) or ``module``
+(``ring_context`` around ``MultiHeadAttention``, and the skipped causal blocks).
+
+Shapes: ``B`` batch, ``H`` query heads, ``Hkv`` key/value heads, ``T`` global length, ``S``
+a rank's shard, ``D`` head_dim. Every rank draws the same global inputs (one seed) and
+computes the one-process attention itself (``posenc.attention.attend``, eager, over the
+whole sequence, with autograd), then runs ``ring_attention`` on its shard and compares its
+rows of the output and of the inputs' gradients, and the parameters' gradients summed over
+the ranks (``all_reduce``). Rank 0 writes ``{case: error}`` (the largest absolute difference
+over the reference's scale) to ``OUT.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+import posenc
+from _build import SHORT, positions_for
+from posenc.attention import Masking, attend, repeat_kv
+from posenc.parallel import contiguous_layout, head_tail_layout, thd_layout
+from posenc.parallel.ring import REFUSED, ring_attention
+
+B, H, HKV, D = 2, 4, 2, 8
+LAYOUTS = ("contiguous", "head_tail", "packed")
+TIMEOUT = timedelta(seconds=60)
+
+
+def length(world: int) -> int:
+    return 8 * world
+
+
+def layout(name: str, world: int, rank: int):
+    """``(layout, segment_ids [B, T] or None)`` of the global sequence."""
+    t = length(world)
+    if name == "contiguous":
+        return contiguous_layout(t, world, rank), None
+    if name == "head_tail":
+        return head_tail_layout(t, world, rank), None
+    cu = torch.tensor([0, t // 2, 3 * t // 4, t])  # three documents, lengths multiples of 2N
+    docs = torch.repeat_interleave(torch.arange(3), cu[1:] - cu[:-1])
+    return thd_layout(cu, world, rank), docs.expand(B, t)
+
+
+def encodings() -> list[str]:
+    """Every registered encoding the ring takes (the refused ones are checked apart)."""
+    return [n for n in posenc.available() if posenc.info(n).cls.__name__ not in REFUSED]
+
+
+def build(name: str, causal: bool, dtype: torch.dtype) -> posenc.PositionalEncoding:
+    """``name`` for the shapes above, every parameter moved off its init (seeded)."""
+    torch.manual_seed(0)
+    shape = {"d_model": H * D, "num_heads": H, "head_dim": D, "max_len": 64, "causal": causal}
+    if name == "rope+alibi":
+        enc = posenc.Compose([posenc.RotaryEmbedding(D), posenc.ALiBi(H, causal=causal)])
+    else:
+        enc = posenc.build(name, **shape, **SHORT.get(name, {}))
+    with torch.no_grad():
+        for p in enc.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    return enc.to(dtype)
+
+
+def inputs(t: int, dtype: torch.dtype):
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(B, H, t, D, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(B, HKV, t, D, generator=g, dtype=torch.float64) for _ in range(2))
+    grad = torch.randn(B, H, t, D, generator=g, dtype=torch.float64)
+    sinks = torch.randn(H, generator=g, dtype=torch.float64)
+    return [x.to(dtype) for x in (q, k, v, grad, sinks)]
+
+
+def leaves(*xs: torch.Tensor) -> list[torch.Tensor]:
+    return [x.detach().clone().requires_grad_() for x in xs]
+
+
+def unsplit(enc, q, k, v, sinks, pos, rot, seg, causal):
+    """The one-process attention ``[B, H, T, D]`` of the whole sequence."""
+    if enc.sites & posenc.Site.QK:
+        q, k = enc.rotate(q, k, rot, rot)
+    masking = Masking(causal, pos, pos, None, seg, seg)
+    k, v = repeat_kv(k, H), repeat_kv(v, H)
+    return attend(q, k, v, position=enc, masking=masking, backend="eager", sinks=sinks)
+
+
+def error(got: torch.Tensor | None, want: torch.Tensor | None) -> float:
+    if got is None or want is None:
+        return 0.0 if got is None and want is None else float("inf")
+    got, want = got.detach().double(), want.detach().double()
+    return float((got - want).abs().max()) / max(float(want.abs().max()), 1.0)
+
+
+def compare(name: str, where: str, causal: bool, dtype: torch.dtype, world: int, rank: int):
+    t = length(world)
+    lay, seg = layout(where, world, rank)
+    mine, pos = lay.indices, lay.positions
+    full_pos = torch.zeros(t, dtype=torch.int64).index_put_(
+        (torch.cat([layout(where, world, r)[0].indices for r in range(world)]),),
+        torch.cat([layout(where, world, r)[0].positions for r in range(world)]),
+    )  # the positions of every token, in sequence order
+    q, k, v, grad, sinks = inputs(t, torch.float64)
+    use_sinks = not causal
+    ref_enc, enc = build(name, causal, torch.float64), build(name, causal, dtype)
+    rot_full = positions_for(ref_enc, full_pos)
+    leaf = leaves(q, k, v, sinks)
+    out = unsplit(ref_enc, *leaf[:3], leaf[3] if use_sinks else None, full_pos, rot_full,
+                  seg, causal)  # fmt: skip
+    out.backward(grad)
+    want = [out[:, :, mine], *(x.grad[:, :, mine] for x in leaf[:3])]
+    want_params = [leaf[3].grad if use_sinks else None] + [p.grad for p in ref_enc.parameters()]
+
+    local = leaves(*(x[:, :, mine].to(dtype) for x in (q, k, v)), sinks.to(dtype))
+    seg_mine = None if seg is None else seg[:, mine]
+    got_out = ring_attention(
+        *local[:3], positions=pos, position=enc, rotary_positions=positions_for(enc, pos),
+        segment_ids=seg_mine, causal=causal, sinks=local[3] if use_sinks else None,
+        timeout=TIMEOUT,
+    )  # fmt: skip
+    got_out.backward(grad[:, :, mine].to(dtype))
+    got = [got_out, *(x.grad for x in local[:3])]
+    got_params = [local[3].grad if use_sinks else None] + [p.grad for p in enc.parameters()]
+    for g in got_params:
+        if g is not None:
+            dist.all_reduce(g)  # each rank's share of the parameters' gradients
+    errs = [error(a, b) for a, b in zip(got + got_params, want + want_params, strict=True)]
+    worst = torch.tensor(max(errs), dtype=torch.float64)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    return float(worst)
+
+
+def grid(world: int, rank: int) -> dict[str, float]:
+    out = {}
+    for name in [*encodings(), "rope+alibi"]:
+        for where in LAYOUTS:
+            for causal in (True, False):
+                case = f"{name}-{where}-{'causal' if causal else 'bidirectional'}"
+                out[case] = compare(name, where, causal, torch.float64, world, rank)
+    for name in ("alibi", "t5", "shaw", "fire"):
+        out[f"{name}-float32"] = compare(name, "head_tail", True, torch.float32, world, rank)
+    return out
+
+
+def expect_error(call) -> str:
+    """The message of the ``ValueError`` (or ``RuntimeError``) ``call()`` raises, else ``""``."""
+    try:
+        call()
+    except (ValueError, RuntimeError) as err:
+        return f"{type(err).__name__}: {err}"
+    return ""
+
+
+def errors(world: int, rank: int) -> dict[str, list[str]]:
+    """Bad shards on one rank (rank 1) or all: every rank's message, per case."""
+    s = length(world) // world
+    q, k, v, _, _ = inputs(s + 1, torch.float64)
+    pos = torch.arange(rank * s, rank * s + s)
+    odd = rank == 1
+
+    def run(q=q[:, :, :s], k=k[:, :, :s], v=v[:, :, :s], positions=pos, **kw):
+        return ring_attention(q, k, v, positions=positions, timeout=TIMEOUT, **kw)
+
+    cases = {
+        "shorter shard": lambda: run(*(x[:, :, : s - 1 if odd else s] for x in (q, k, v)),
+                                     positions=pos[: s - 1 if odd else s]),
+        "positions longer than the shard": lambda: run(
+            positions=torch.arange(rank * s, rank * s + s + odd)
+        ),
+        "keys shorter than the queries": lambda: run(k=k[:, :, : s - odd], v=v[:, :, : s - odd]),
+        "local arange": lambda: run(positions=torch.arange(s)),
+        "heads": lambda: run(q=q[:, : H // 2 if odd else H, :s]),
+        "dtype": lambda: run(*(x[:, :, :s].to(torch.float32 if odd else torch.float64)
+                               for x in (q, k, v))),
+        "segment ids": lambda: run(segment_ids=torch.zeros(B, s + odd, dtype=torch.int64)),
+    }  # fmt: skip
+    out = {}
+    for case, call in cases.items():
+        messages = [None] * world
+        dist.all_gather_object(messages, expect_error(call))
+        out[case] = messages
+    # last: rank 1 never calls, so the others time out (and the group is not used again)
+    short = timedelta(seconds=3)
+    call = lambda: ring_attention(q, k, v, positions=pos, timeout=short)  # noqa: E731
+    message = expect_error(call) if rank != 1 else time.sleep(2 * short.total_seconds())
+    out["a rank that never calls"] = [message]
+    return out
+
+
+def main() -> None:
+    rank, world, port, path, mode = sys.argv[1:6]
+    rank, world = int(rank), int(world)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, timeout=TIMEOUT)  # fmt: skip
+    try:
+        result = {"grid": grid, "errors": errors}[mode](world, rank)
+        if rank == 0:
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump(result, f)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
