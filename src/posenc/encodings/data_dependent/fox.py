@@ -16,9 +16,11 @@ the cumulative log gates ``c_t = sum_{l <= t} log f_l``, which are the gates thi
 hands ``MultiHeadAttention`` (``[B, H, T, 1]``, float32, float64 for float64 input) and the
 KV cache keeps: a cached forward continues the sum from the last cached token, so decoding
 equals the full forward. ``l`` runs over the tokens in storage order (cache first), so the
-keys must be stored in non-decreasing position order, as in a cache; positions only decide
-visibility (``k_pos <= q_pos``). Gates of padding tokens enter ``c`` but never a
-difference between two tokens after the padding (left padding changes nothing).
+keys a query sees must be stored in strictly increasing position order, as in a cache
+(``posenc.encodings.data_dependent._common.ordered_keys``: a ``ValueError`` on the CPU, NaN
+rows on an accelerator); positions only decide visibility (``k_pos <= q_pos``). Gates of
+padding tokens enter ``c`` but never a difference between two tokens after the padding
+(left padding changes nothing).
 
 Reference kernel: ``fla.ops.forgetting_attn.parallel_forgetting_attn`` (flash-linear-
 attention), whose ``g`` is ``log f`` per token and head.
@@ -33,7 +35,7 @@ from torch import Tensor, nn
 from posenc._checks import check_bool, check_int
 from posenc._dtypes import compute_dtype
 from posenc.base import PositionalEncoding, Site, register
-from posenc.encodings.data_dependent._common import check_gates, check_input, visible_keys
+from posenc.encodings.data_dependent._common import check_gates, check_input, ordered_keys
 
 __all__ = ["GATE_STD", "ForgettingAttention", "fox_weights"]
 
@@ -58,27 +60,30 @@ def fox_weights(
         k: ``[B, H, Tk, D]`` keys.
         q_pos: ``[Tq]`` or ``[B, Tq]`` positions.
         k_pos: ``[Tk]`` or ``[B, Tk]`` positions; key ``j`` is visible iff
-            ``k_pos[j] <= q_pos[i]``.
+            ``k_pos[j] <= q_pos[i]``; the keys a query sees strictly increasing in storage
+            order.
         q_cum: ``[B, H, Tq, 1]`` cumulative log forget gates ``c_i`` of the queries.
         k_cum: ``[B, H, Tk, 1]`` cumulative log forget gates ``c_j`` of the keys.
         mask: bool ``[B|1, 1, Tq, Tk]``, True = visible (padding, segments), or None.
 
     Returns:
-        ``[B, H, Tq, Tk]`` in ``q``'s dtype; rows sum to 1, or are 0 without a visible key.
+        ``[B, H, Tq, Tk]`` in ``q``'s dtype; rows sum to 1, or are 0 without a visible key;
+        NaN rows for queries whose keys are out of order (off the CPU, see Raises).
 
     Raises:
-        ValueError: wrong ranks or shapes.
+        ValueError: wrong ranks or shapes; on the CPU, keys a query sees that are not in
+            strictly increasing position order (naming the first).
         TypeError: non-float inputs, bf16/fp16 positions, a non-bool mask.
     """
-    visible = visible_keys(q, k, q_pos, k_pos, mask, strict=False)
+    visible, disordered = ordered_keys("FoX", q, k, q_pos, k_pos, mask, strict=False)
     check_gates("q_cum", q_cum, q, 1)
     check_gates("k_cum", k_cum, k, 1)
     work = compute_dtype(q.dtype)
     logits = torch.matmul(q, k.to(q.dtype).transpose(-2, -1)).to(work) * q.shape[-1] ** -0.5
     decay = q_cum.to(work) - k_cum.to(work).transpose(-2, -1)  # [B, H, Tq, Tk], <= 0
     logits = (logits + decay).masked_fill(~visible, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    return torch.where(visible, probs, 0.0).to(q.dtype)  # a row without keys: 0, not NaN
+    probs = torch.where(visible, torch.softmax(logits, dim=-1), 0.0)  # no keys: 0, not NaN
+    return torch.where(disordered, float("nan"), probs).to(q.dtype)
 
 
 @register(

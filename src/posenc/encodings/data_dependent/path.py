@@ -23,8 +23,9 @@ last chunk of ``c`` to the first (``Tk / c`` steps of matrix products), carrying
 ``H_e ... H_i q_i`` for every query, with each chunk's transforms in the compact WY form
 ``H_s ... H_{s+m} = I - W^T T W`` (Schreiber and Van Loan 1989; the paper's kernels use
 the equivalent UT transform): the keys of a chunk read ``T``'s blocks for the runs inside.
-Keys are taken in storage order (non-decreasing positions, as in a cache); positions only
-decide visibility (``k_pos <= q_pos``).
+Keys are taken in storage order: those a query sees must be strictly increasing in position,
+as in a cache (``posenc.encodings.data_dependent._common.ordered_keys``: a ``ValueError`` on
+the CPU, NaN rows on an accelerator); positions only decide visibility (``k_pos <= q_pos``).
 
 Reference: ``fla.ops.path_attn`` (flash-linear-attention), whose ``w`` and ``beta`` are
 the ones above (and ``g = 0``: no forget gate).
@@ -39,7 +40,7 @@ from torch import Tensor, nn
 from posenc._checks import check_bool, check_int
 from posenc._dtypes import compute_dtype
 from posenc.base import PositionalEncoding, Site, register
-from posenc.encodings.data_dependent._common import check_gates, check_input, visible_keys
+from posenc.encodings.data_dependent._common import check_gates, check_input, ordered_keys
 
 __all__ = ["PaTH", "path_weights"]
 
@@ -75,7 +76,8 @@ def path_weights(
 
     Args:
         q: ``[B, H, Tq, D]`` queries.
-        k: ``[B, H, Tk, D]`` keys, in storage order.
+        k: ``[B, H, Tk, D]`` keys, in storage order; those a query sees in strictly
+            increasing position order.
         q_pos: ``[Tq]`` or ``[B, Tq]`` positions.
         k_pos: ``[Tk]`` or ``[B, Tk]`` positions; key ``j`` is visible iff
             ``k_pos[j] <= q_pos[i]``.
@@ -86,14 +88,16 @@ def path_weights(
 
     Returns:
         ``[B, H, Tq, Tk]`` in ``q``'s dtype; rows sum to 1, or are 0 without a visible key;
-        NaN rows for the queries at or after a key with non-finite ``w`` or ``beta``.
+        NaN rows for the queries at or after a key with non-finite ``w`` or ``beta``, and
+        (off the CPU) for queries whose keys are out of order.
 
     Raises:
-        ValueError: wrong ranks or shapes, ``chunk_size < 1``.
+        ValueError: wrong ranks or shapes, ``chunk_size < 1``; on the CPU, keys a query sees
+            that are not in strictly increasing position order (naming the first).
         TypeError: non-float inputs, bf16/fp16 positions, a non-bool mask.
     """
     chunk = check_int("chunk_size", chunk_size)
-    visible = visible_keys(q, k, q_pos, k_pos, mask, strict=False)
+    visible, disordered = ordered_keys("PaTH", q, k, q_pos, k_pos, mask, strict=False)
     dim, num_keys = q.shape[-1], k.shape[-2]
     check_gates("q_gates", q_gates, q, dim + 2)
     check_gates("k_gates", k_gates, k, dim + 2)
@@ -123,8 +127,8 @@ def path_weights(
     probs = torch.softmax(logits.masked_fill(~visible, float("-inf")), dim=-1)
     probs = torch.where(visible, probs, 0.0)
     at = q_index.long().clamp(0, num_keys - 1)  # each query's own index among the keys
-    poisoned = (bad.cumsum(-1) > 0).gather(-1, at)  # a bad H_t with t <= a_i
-    return torch.where(poisoned.unsqueeze(-1), float("nan"), probs).to(q.dtype)
+    poisoned = (bad.cumsum(-1) > 0).gather(-1, at).unsqueeze(-1) | disordered  # a bad H_t, t <= a_i
+    return torch.where(poisoned, float("nan"), probs).to(q.dtype)
 
 
 @register(

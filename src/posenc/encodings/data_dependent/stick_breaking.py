@@ -13,7 +13,8 @@ over the keys ``j < i`` (the paper's convention: a token does not attend to itse
 to at most 1; the stick left over is dropped, and the first token of a sequence outputs 0.
 Computed in log space, as in the paper's kernel: ``log A_ij = log sigmoid(z_ij) +
 sum_l log sigmoid(-z_il)``, the sum running over the visible keys after ``j`` in storage
-order (which must be non-decreasing in position, as in a KV cache), in float32 (float64 for
+order (the keys a query sees must be strictly increasing in position, as in a KV cache:
+``posenc.encodings.data_dependent._common.ordered_keys``), in float32 (float64 for
 float64 inputs). Positions decide visibility only: ``k_pos < q_pos`` (``<=`` with
 ``attend_current``), and masked keys leave the stick unchanged.
 
@@ -30,7 +31,7 @@ from torch import Tensor
 from posenc._checks import check_bool, check_tensor
 from posenc._dtypes import compute_dtype
 from posenc.base import PositionalEncoding, Site, register
-from posenc.encodings.data_dependent._common import visible_keys
+from posenc.encodings.data_dependent._common import ordered_keys
 
 __all__ = ["StickBreakingAttention", "stick_breaking_weights"]
 
@@ -48,7 +49,7 @@ def stick_breaking_weights(
 
     Args:
         q: ``[B, H, Tq, D]`` queries.
-        k: ``[B, H, Tk, D]`` keys, in non-decreasing position order.
+        k: ``[B, H, Tk, D]`` keys; those a query sees in strictly increasing position order.
         q_pos: ``[Tq]`` or ``[B, Tq]`` positions.
         k_pos: ``[Tk]`` or ``[B, Tk]`` positions.
         mask: bool ``[B|1, 1, Tq, Tk]``, True = visible (padding, segments), or None.
@@ -63,7 +64,9 @@ def stick_breaking_weights(
         TypeError: non-float inputs, bf16/fp16 positions, a non-bool mask.
     """
     check_bool("attend_current", attend_current)
-    visible = visible_keys(q, k, q_pos, k_pos, mask, strict=not attend_current)
+    visible, disordered = ordered_keys(
+        "stick-breaking attention", q, k, q_pos, k_pos, mask, strict=not attend_current
+    )
     work = compute_dtype(q.dtype)
     z = torch.matmul(q, k.to(q.dtype).transpose(-2, -1)).to(work) * q.shape[-1] ** -0.5
     log_keep = F.logsigmoid(-z).masked_fill(~visible, 0.0)  # log(1 - beta); 0: no break
@@ -71,7 +74,7 @@ def stick_breaking_weights(
     after = F.pad(suffix[..., 1:], (0, 1))  # l > j: shifted, not suffix - log_keep (no cancelling)
     log_weights = (F.logsigmoid(z) + after).masked_fill(~visible, float("-inf"))
     # an infinite logit saturates sigmoid to 0 or 1; its row says NaN instead
-    broken = (~torch.isfinite(z) & visible).any(-1, keepdim=True)  # [B, H, Tq, 1]
+    broken = (~torch.isfinite(z) & visible).any(-1, keepdim=True) | disordered  # [B, H, Tq, 1]
     return torch.where(broken, float("nan"), log_weights.exp()).to(q.dtype)
 
 
