@@ -13,6 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from _megatron_cpu import Group, import_embeddings, patch_to_cpu
 from posenc.parallel import (
     contiguous_layout,
     head_tail_layout,
@@ -281,42 +282,12 @@ def test_pytorch_per_document_shards_keep_documents_in_sequence_order():
 
 @pytest.fixture(scope="module")
 def rope_utils():
-    pytest.importorskip("megatron.core")
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "Transformer Engine and Apex are not installed"
-        from megatron.core.models.common.embeddings import rope_utils
-    return rope_utils
-
-
-class _Group:
-    """A stand-in for a context-parallel process group: Megatron asks only its size and rank."""
-
-    def __init__(self, size: int, rank: int) -> None:
-        self._size, self._rank = size, rank
-
-    def size(self) -> int:
-        return self._size
-
-    def rank(self) -> int:
-        return self._rank
+    return import_embeddings()[0]
 
 
 @pytest.fixture
 def cpu_megatron(rope_utils, monkeypatch):
-    """Megatron's CP index is built pinned and moved to CUDA; keep it on the CPU."""
-
-    class _Torch:
-        def __getattr__(self, name):
-            return getattr(torch, name)
-
-        @staticmethod
-        def tensor(data, *, pin_memory=False, **kwargs):
-            return torch.tensor(data, **kwargs)
-
-    monkeypatch.setattr(rope_utils, "torch", _Torch())
-    monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *args, **kwargs: self)
+    patch_to_cpu(rope_utils, monkeypatch)
     return rope_utils
 
 
@@ -325,7 +296,7 @@ def test_head_tail_equals_megatron_get_pos_emb_on_this_cp_rank(cpu_megatron, siz
     seq_len = 2 * size * 3
     table = torch.arange(seq_len)[:, None, None, None].expand(seq_len, 1, 1, 2)  # [s, 1, 1, d]
     for rank in range(size):
-        got = cpu_megatron.get_pos_emb_on_this_cp_rank(table.contiguous(), 0, _Group(size, rank))
+        got = cpu_megatron.get_pos_emb_on_this_cp_rank(table.contiguous(), 0, Group(size, rank))
         assert torch.equal(got[:, 0, 0, 0], head_tail_layout(seq_len, size, rank).positions)
 
 
