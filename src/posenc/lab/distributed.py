@@ -1,21 +1,30 @@
-"""Data-parallel training with PyTorch's own engine (``torch.distributed`` + DDP).
+"""Data- and context-parallel training with PyTorch's own engine (``torch.distributed`` + DDP).
 
 Under ``torchrun`` (``WORLD_SIZE > 1`` in the environment) every process joins one group
-(gloo on CPU, NCCL on GPUs), draws the same global batch and keeps its own shard of it
-(rows ``rank::world``), so gradients averaged by ``DistributedDataParallel`` are those of
-the global batch; evaluation windows are sharded the same way and their sums reduced.
-Rank 0 alone writes outputs. A single process uses the same code with ``world == 1``.
+(gloo on CPU, NCCL on GPUs), draws the same global batch and keeps its own shard of it, so
+gradients averaged by ``DistributedDataParallel`` are those of the global batch; evaluation
+windows are sharded over every process (rows ``rank::world``) and their sums reduced. Rank 0
+alone writes outputs. A single process uses the same code with ``world == 1``.
+
+With context parallelism of size ``N`` (``--context-parallel N``), consecutive ranks
+``N*d .. N*d+N-1`` form context-parallel group ``d``: they train on the same rows (rows
+``d::world/N``), each holding the head-tail shard of every training sequence
+(``posenc.parallel.head_tail_layout``) and attending by ring attention
+(``posenc.parallel.ring_context``) over the group. DDP's all-reduce over every process sums
+the encodings' parameter shares that the ring leaves on each rank.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+
+from posenc._checks import check_int
 
 __all__ = ["Context", "init_context"]
 
@@ -27,6 +36,10 @@ class Context:
     rank: int = 0
     world: int = 1
     device: torch.device = torch.device("cpu")  # noqa: RUF009 (an immutable default)
+    #: context-parallel size ``N``: ranks per sequence (1: none).
+    cp: int = 1
+    #: this rank's context-parallel group (None when ``cp == 1``).
+    cp_group: Any = None
 
     @property
     def is_main(self) -> bool:
@@ -38,9 +51,24 @@ class Context:
             return None
         return "nccl" if self.device.type == "cuda" else "gloo"
 
+    @property
+    def dp(self) -> int:
+        """The number of context-parallel groups (data-parallel replicas)."""
+        return self.world // self.cp
+
+    @property
+    def cp_rank(self) -> int:
+        """This rank's place in its context-parallel group."""
+        return self.rank % self.cp
+
     def shard(self, rows: Tensor) -> Tensor:
-        """This process's rows of a global batch ``[B, ...]``."""
+        """This process's rows of a global batch ``[B, ...]`` (evaluation: every process)."""
         return rows[self.rank :: self.world]
+
+    def train_rows(self, rows: Tensor) -> Tensor:
+        """The rows of a global training batch ``[B, ...]`` this process's context-parallel
+        group trains on (all of its ranks the same rows)."""
+        return rows[self.rank // self.cp :: self.dp]
 
     def sum(self, values: Tensor) -> Tensor:
         """Sum of ``values`` over processes (float64 on the host, same on every rank)."""
@@ -70,14 +98,16 @@ class Context:
             dist.destroy_process_group()
 
 
-def init_context(device: str = "auto") -> Context:
+def init_context(device: str = "auto", *, context_parallel: int = 1) -> Context:
     """Join the process group ``torchrun`` describes in the environment, if any.
 
     Args:
         device: ``"cpu"``, ``"cuda"`` or ``"auto"`` (CUDA when available).
+        context_parallel: ranks per sequence; divides the process count.
 
     Raises:
-        ValueError: ``device`` is unknown, or CUDA is asked for but not available.
+        ValueError: ``device`` is unknown, CUDA is asked for but not available, or
+            ``context_parallel`` does not divide the process count.
     """
     if device not in ("auto", "cpu", "cuda"):
         raise ValueError(f"device must be auto, cpu or cuda, got {device!r}")
@@ -90,7 +120,16 @@ def init_context(device: str = "auto") -> Context:
     target = torch.device("cuda", local) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(target)
-    context = Context(rank=rank, world=world, device=target)
+    cp = check_int("context_parallel", context_parallel, minimum=1)
+    if world % cp:
+        raise ValueError(
+            f"--context-parallel {cp} must divide the process count {world} "
+            "(torchrun --nproc_per_node)"
+        )
+    context = Context(rank=rank, world=world, device=target, cp=cp)
     if world > 1 and not dist.is_initialized():
         dist.init_process_group(backend=context.backend)
+    if cp > 1:  # every rank creates every group, in the same order
+        groups = [dist.new_group(list(range(s, s + cp))) for s in range(0, world, cp)]
+        context = replace(context, cp_group=groups[rank // cp])
     return context

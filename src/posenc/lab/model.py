@@ -140,13 +140,16 @@ class TinyLM(nn.Module):
         self.ln_out = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab_size, bias=False)
 
-    def forward(self, tokens: Tensor) -> Tensor:
+    def forward(self, tokens: Tensor, positions: Tensor | None = None) -> Tensor:
+        """Logits ``[B, T, V]`` (float32) of ``tokens [B, T]`` at ``positions [T]``
+        (default ``arange(T)``; a context-parallel shard passes its global positions)."""
         backend = attention_backend(self.encoding, grad=torch.is_grad_enabled())
         core = torch.float32 if autocast_enabled(tokens.device.type) else None
         for block in self.blocks:
             block.attn.backend = backend
             block.attn.attention_dtype = core  # the weights' dtype outside autocast
-        positions = torch.arange(tokens.shape[1], device=tokens.device)  # [T]
+        if positions is None:
+            positions = torch.arange(tokens.shape[1], device=tokens.device)  # [T]
         x = self.embedding(tokens)  # [B, T, C]
         if self.encoding.sites & Site.INPUT:
             x = self.encoding.embed(x, positions)

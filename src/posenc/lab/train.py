@@ -2,9 +2,11 @@
 
 Shapes: ``B`` batch, ``T`` length, ``V`` vocabulary. Batches come from a sampler that
 returns the *global* batch ``(inputs [B, T], targets [B, T])`` (targets ``-100`` are not
-scored); each process trains on its shard. The loss is the sum over the shard divided by
-the global count of scored tokens (times the process count, which DDP's gradient
-averaging divides out), so one process and several follow the same gradients.
+scored); each process trains on its shard: its group's rows and, under context
+parallelism, its head-tail share of each sequence's tokens (``posenc.lab.distributed``).
+The loss is the sum over the shard divided by the global count of scored tokens (times the
+process count, which DDP's gradient averaging divides out), so one process and several
+follow the same gradients.
 
 With ``until`` (synthetic tasks) training goes on past ``steps`` in rounds: at step
 ``steps`` and every ``until.every`` steps after it (and at ``until.max_steps``) the model
@@ -18,9 +20,10 @@ set to one goes on from it, bit for bit as if it had never stopped.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +33,7 @@ from torch import Tensor, nn
 from posenc.lab.distributed import Context
 from posenc.lab.precision import autocast
 from posenc.lab.tasks import IGNORE, Task
+from posenc.parallel import head_tail_layout, ring_context
 
 __all__ = [
     "NonFiniteLoss",
@@ -131,6 +135,20 @@ def adamw(model: nn.Module, *, lr: float, weight_decay: float) -> torch.optim.Ad
     )
 
 
+@contextlib.contextmanager
+def _sequence_split(model: nn.Module, context: Context, inputs: Tensor) -> Iterator[Tensor | None]:
+    """Under context parallelism, the attention of ``model`` by ring attention over the
+    context-parallel group, yielding the global indices (= positions) of the rank's
+    head-tail shard of the sequences ``inputs [B, T]``; else it changes nothing and yields
+    None."""
+    if context.cp == 1:
+        yield None
+        return
+    layout = head_tail_layout(inputs.shape[1], context.cp, context.cp_rank)
+    with ring_context(model, group=context.cp_group):
+        yield layout.indices.to(inputs.device)
+
+
 def train(
     model: nn.Module,
     sampler: Callable[[int], tuple[Tensor, Tensor]],
@@ -172,9 +190,13 @@ def train(
     for step in range(taken, limit):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, steps=steps, warmup=warmup, peak=lr)
-        inputs, targets = (context.shard(t).to(context.device) for t in sampler(batch_size))
-        with autocast(dtype, context.device):
-            logits = net(inputs)  # [B, T, V], float32
+        inputs, targets = (context.train_rows(t).to(context.device) for t in sampler(batch_size))
+        with autocast(dtype, context.device), _sequence_split(model, context, inputs) as held:
+            if held is None:
+                logits = net(inputs)  # [B, T, V], float32
+            else:  # this rank's shard of every sequence [B, T/N], at its global positions
+                inputs, targets = inputs[:, held], targets[:, held]
+                logits = net(inputs, held)
         local = F.cross_entropy(
             logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE, reduction="sum"
         )
