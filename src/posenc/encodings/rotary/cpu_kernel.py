@@ -16,10 +16,14 @@ Python versions, the machine and a hash of the source, the flags and the CPU, so
 or foreign build is never loaded. On x86-64 it is compiled for the CPU it runs on
 (``-march=native``: AVX-512 or AVX2 where present, instead of the SSE2 baseline), which
 is why the CPU's model and feature flags are part of the hash: a cache directory shared
-by different machines holds one build per CPU. A finished build is recorded with the
-SHA-256 of its library, and a library is loaded only when that record matches: a
-truncated or altered file is rebuilt, or, where it cannot be, left alone. Builds take a
-file lock, so processes starting together build once.
+by different machines holds one build per CPU. Loading a library runs its code, so the
+cache is a trust boundary (``kernel_cache``): its folders are private to the user
+(created 0700; a folder another user owns or can write, or a link, is refused with one
+warning), and a library is loaded only when it is the file a build recorded, checked on
+the open file that is then loaded: a truncated or altered file is rebuilt, or, where it
+cannot be, left alone. Builds take a lock (a file that is never truncated nor followed
+through a link), so processes starting together build once, and go into a fresh private
+folder from which the library and its record are renamed into place.
 
 When the kernel is off, missing a compiler, failing to build or to load (for any
 reason), or ``POSENC_CPU_KERNEL=0`` is set, ``apply_rope`` runs its PyTorch path, and
@@ -30,7 +34,6 @@ reason), or ``POSENC_CPU_KERNEL=0`` is set, ``apply_rope`` runs its PyTorch path
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import logging
@@ -38,11 +41,15 @@ import os
 import platform
 import shutil
 import sys
-from collections.abc import Callable, Iterator
+import tempfile
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from torch import Tensor
+
+from posenc.encodings.rotary import kernel_cache
 
 __all__ = ["build", "build_directory", "library_path", "rotate", "status"]
 
@@ -106,35 +113,6 @@ def library_path() -> Path:
     return build_directory() / f"{NAME}.so"
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _stamp(library: Path) -> Path:
-    return library.with_name(library.name + ".sha256")
-
-
-def _verified(library: Path) -> bool:
-    """True when ``library`` is the file a finished build recorded, byte for byte."""
-    stamp = _stamp(library)
-    if not (library.is_file() and stamp.is_file()):
-        return False
-    return stamp.read_text().strip() == _sha256(library)
-
-
-@contextlib.contextmanager
-def _locked(directory: Path) -> Iterator[None]:
-    """Hold an exclusive lock on ``directory`` (released when the process dies)."""
-    import fcntl
-
-    with open(directory / ".posenc.lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def _compiler_problem() -> str | None:
     """Why ``torch.utils.cpp_extension`` cannot build here, or ``None``."""
     from torch.utils import cpp_extension
@@ -147,6 +125,31 @@ def _compiler_problem() -> str | None:
     return None
 
 
+def _compile(directory: Path, folder: int, library: Path) -> None:
+    """Compile the kernel in a fresh private folder inside ``directory`` (loading it),
+    then rename it and its digest record into ``directory`` (open as ``folder``)."""
+    from torch.utils import cpp_extension
+
+    scratch = Path(tempfile.mkdtemp(prefix=".build-", dir=directory))
+    try:
+        _log.info("posenc: compiling the CPU RoPE kernel into %s", directory)
+        flags = _flags()
+        sanitizers = [f for f in flags if f.startswith("-fsanitize")]
+        cpp_extension.load(
+            name=NAME,
+            sources=[str(SOURCE)],
+            extra_cflags=flags,
+            extra_ldflags=sanitizers,
+            build_directory=str(scratch),
+            is_python_module=False,
+            verbose=False,
+        )
+        torch.ops.loaded_libraries.discard(os.path.realpath(scratch / library.name))
+        kernel_cache.record(scratch / library.name, folder)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 def build() -> Path:
     """Build the kernel if no verified build exists, and load it into this process.
 
@@ -154,6 +157,8 @@ def build() -> Path:
         The library's path.
 
     Raises:
+        kernel_cache.UnsafeCache: a cache folder that another user owns or can write,
+            or a link where a folder or the lock should be (nothing there is read).
         RuntimeError: no compiler or ninja, a failed build (the compiler's message
             included), a source file missing from the installation, or a library that
             fails to load.
@@ -162,38 +167,35 @@ def build() -> Path:
         raise RuntimeError(f"{SOURCE.name} is missing from the installed package")
     directory = build_directory()
     library = directory / f"{NAME}.so"
-    if _verified(library):
-        torch.ops.load_library(str(library))
-        return library
-    from torch.utils import cpp_extension
-
-    problem = _compiler_problem()
-    if problem is not None:
-        if library.exists():
-            problem = f"{library} failed its checksum and cannot be rebuilt: {problem}"
-        raise RuntimeError(problem)
-    directory.mkdir(parents=True, exist_ok=True)
-    with _locked(directory):
-        if not _verified(library):  # nobody built it while this process waited
-            for stale in (library, _stamp(library), directory / "lock"):
-                stale.unlink(missing_ok=True)  # never load an unrecorded file
-            _log.info("posenc: compiling the CPU RoPE kernel into %s", directory)
-            flags = _flags()
-            sanitizers = [f for f in flags if f.startswith("-fsanitize")]
-            cpp_extension.load(
-                name=NAME,
-                sources=[str(SOURCE)],
-                extra_cflags=flags,
-                extra_ldflags=sanitizers,
-                build_directory=str(directory),
-                is_python_module=False,
-                verbose=False,
-            )
-            temporary = _stamp(library).with_suffix(".tmp")
-            temporary.write_text(_sha256(library))
-            os.replace(temporary, _stamp(library))
-    torch.ops.load_library(str(library))
+    root = cache_directory()
+    folder = kernel_cache.open_private(root, directory.relative_to(root).parts)
+    try:
+        if kernel_cache.load_verified(folder, library):
+            return library
+        problem = _compiler_problem()
+        if problem is not None:
+            if os.path.lexists(library):
+                problem = f"{library} failed its checksum and cannot be rebuilt: {problem}"
+            raise RuntimeError(problem)
+        with kernel_cache.locked(folder, directory):
+            if not kernel_cache.load_verified(folder, library):  # nobody built it meanwhile
+                _compile(directory, folder, library)
+                if not kernel_cache.load_verified(folder, library):
+                    raise RuntimeError(f"{library} does not match the digest its build recorded")
+    finally:
+        os.close(folder)
     return library
+
+
+def _one_line(err: Exception) -> str:
+    return (" ".join(str(err).split()) or type(err).__name__)[:400]
+
+
+def _fallback(reason: str) -> tuple[None, str]:
+    """The PyTorch path, with one warning that says why."""
+    message = f"posenc: the CPU RoPE kernel is not loaded ({reason}); the PyTorch path runs"
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
+    return None, reason
 
 
 @functools.cache
@@ -202,11 +204,15 @@ def _load() -> tuple[Callable[..., None] | None, str]:
     if os.environ.get(ENV_SWITCH, "1") == "0":
         return None, f"disabled by {ENV_SWITCH}=0"
     try:
-        build()
+        library = build()
+    except kernel_cache.UnsafeCache as err:
+        return _fallback(_one_line(err))
     except Exception as err:  # any failure means the PyTorch path, never a dead process
-        reason = " ".join(str(err).split()) or type(err).__name__
-        return None, reason[:400]
-    return torch.ops.posenc_cpu.rope_into, ACTIVE
+        return None, _one_line(err)
+    try:
+        return torch.ops.posenc_cpu.rope_into, ACTIVE
+    except Exception:  # a library without the operator: the PyTorch path, not a traceback
+        return _fallback(f"{library} does not register torch.ops.posenc_cpu.rope_into")
 
 
 def status() -> str:
