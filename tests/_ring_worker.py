@@ -27,10 +27,15 @@ import posenc
 from _build import SHORT, positions_for
 from posenc.attention import Masking, attend, repeat_kv
 from posenc.parallel import contiguous_layout, head_tail_layout, thd_layout
-from posenc.parallel.ring import REFUSED, ring_attention
+from posenc.parallel._ring_encodings import REFUSED
+from posenc.parallel.ring import ring_attention
+from posenc.parallel.ring_module import ring_context
 
 B, H, HKV, D = 2, 4, 2, 8
 LAYOUTS = ("contiguous", "head_tail", "packed")
+#: Encodings also run with positions ``[B, T]`` (each batch row shifted).
+LAYER_ENCODINGS = ("t5", "shaw", "rope", "mrope")
+BATCHED = ("alibi", "t5", "kerple", "fire", "shaw", "dape", "rope", "mrope")
 TIMEOUT = timedelta(seconds=60)
 
 
@@ -98,14 +103,26 @@ def error(got: torch.Tensor | None, want: torch.Tensor | None) -> float:
     return float((got - want).abs().max()) / max(float(want.abs().max()), 1.0)
 
 
-def compare(name: str, where: str, causal: bool, dtype: torch.dtype, world: int, rank: int):
+def global_positions(where: str, world: int) -> torch.Tensor:
+    """``[T]``: the position of every token of the sequence, in sequence order."""
+    every = [layout(where, world, r)[0] for r in range(world)]
+    return torch.zeros(length(world), dtype=torch.int64).index_put_(
+        (torch.cat([a.indices for a in every]),), torch.cat([a.positions for a in every])
+    )
+
+
+def compare(
+    name: str, where: str, causal: bool, dtype: torch.dtype, world: int, rank: int, shift: int = 0
+) -> float:
+    """The largest error of one case; ``shift``: positions ``[B, T]``, row ``b`` shifted by
+    ``shift * b``."""
     t = length(world)
     lay, seg = layout(where, world, rank)
-    mine, pos = lay.indices, lay.positions
-    full_pos = torch.zeros(t, dtype=torch.int64).index_put_(
-        (torch.cat([layout(where, world, r)[0].indices for r in range(world)]),),
-        torch.cat([layout(where, world, r)[0].positions for r in range(world)]),
-    )  # the positions of every token, in sequence order
+    mine = lay.indices
+    full_pos = global_positions(where, world)
+    if shift:
+        full_pos = full_pos + shift * torch.arange(B)[:, None]  # [B, T]
+    pos = full_pos[..., mine]
     q, k, v, grad, sinks = inputs(t, torch.float64)
     use_sinks = not causal
     ref_enc, enc = build(name, causal, torch.float64), build(name, causal, dtype)
@@ -145,6 +162,10 @@ def grid(world: int, rank: int) -> dict[str, float]:
                 out[case] = compare(name, where, causal, torch.float64, world, rank)
     for name in ("alibi", "t5", "shaw", "fire"):
         out[f"{name}-float32"] = compare(name, "head_tail", True, torch.float32, world, rank)
+    for name in BATCHED:
+        for causal in (True, False):
+            case = f"{name}-batched-{'causal' if causal else 'bidirectional'}"
+            out[case] = compare(name, "head_tail", causal, torch.float64, world, rank, shift=3)
     return out
 
 
@@ -193,6 +214,81 @@ def errors(world: int, rank: int) -> dict[str, list[str]]:
     return out
 
 
+class CountingALiBi(posenc.ALiBi):
+    """ALiBi that counts its ``score_bias`` calls: one per computed (queries, keys) pair."""
+
+    calls = 0
+
+    def score_bias(self, q, k, q_pos, k_pos):
+        CountingALiBi.calls += 1
+        return super().score_bias(q, k, q_pos, k_pos)
+
+
+def layer_case(name: str, where: str, world: int, rank: int) -> float:
+    """``MultiHeadAttention`` (grouped heads, sinks) run under ``ring_context`` on the shard
+    against the same layer on the whole sequence: output rows, input and parameter grads."""
+    t = length(world)
+    lay, seg = layout(where, world, rank)
+    torch.manual_seed(0)
+    layer = posenc.MultiHeadAttention(H * D, H, position=name, num_kv_heads=HKV, sinks=True)
+    layer = layer.double()
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    g = torch.Generator().manual_seed(2)
+    x, grad = (torch.randn(B, t, H * D, generator=g, dtype=torch.float64) for _ in range(2))
+    full_pos = global_positions(where, world)
+    (x_full,) = leaves(x)
+    rotary = positions_for(layer.position, full_pos)  # structured for M-RoPE
+    out = layer(x_full, rotary, segment_ids=seg)
+    out.backward(grad)
+    mine = lay.indices
+    want = [out[:, mine], x_full.grad[:, mine], *(p.grad.clone() for p in layer.parameters())]
+    layer.zero_grad()
+    (x_mine,) = leaves(x[:, mine])
+    structured = layer.position.position_shape != "[T]"
+    tokens = mine if structured else None  # M-RoPE layers order their tokens by index
+    with ring_context(layer, timeout=TIMEOUT, token_positions=tokens):
+        got_out = layer(
+            x_mine, rotary[..., mine], segment_ids=None if seg is None else seg[:, mine]
+        )
+    got_out.backward(grad[:, mine])
+    got = [got_out, x_mine.grad, *(p.grad for p in layer.parameters())]
+    for p in got[2:]:
+        dist.all_reduce(p)
+    worst = torch.tensor(max(error(a, b) for a, b in zip(got, want, strict=True)))
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    restored = "_core" not in layer.__dict__
+    return float(worst) if restored else float("inf")
+
+
+def module(world: int, rank: int) -> dict[str, object]:
+    """``ring_context`` around ``MultiHeadAttention``, and the causal pairs computed."""
+    out: dict[str, object] = {}
+    for name in LAYER_ENCODINGS:
+        for where in LAYOUTS:
+            out[f"{name}-{where}"] = layer_case(name, where, world, rank)
+    s = length(world) // world
+    layer = posenc.MultiHeadAttention(H * D, H, position="alibi").double()
+    x = torch.randn(B, s, H * D, dtype=torch.float64)
+    with ring_context(layer, timeout=TIMEOUT):
+        message = expect_error(lambda: layer(x))  # no positions: arange of the shard
+    out["no positions"] = message
+    for where in ("contiguous", "head_tail"):
+        lay, _ = layout(where, world, rank)
+        q, k, v, grad, _ = inputs(length(world), torch.float64)
+        local = leaves(*(x[:, :, lay.indices] for x in (q, k, v)))
+        CountingALiBi.calls = 0
+        got = ring_attention(*local, positions=lay.positions, position=CountingALiBi(H),
+                             timeout=TIMEOUT)  # fmt: skip
+        forward = CountingALiBi.calls
+        got.backward(grad[:, :, lay.indices])
+        counts = [None] * world
+        dist.all_gather_object(counts, [forward, CountingALiBi.calls - forward])
+        out[f"pairs-{where}"] = counts
+    return out
+
+
 def main() -> None:
     rank, world, port, path, mode = sys.argv[1:6]
     rank, world = int(rank), int(world)
@@ -200,7 +296,7 @@ def main() -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=TIMEOUT)  # fmt: skip
     try:
-        result = {"grid": grid, "errors": errors}[mode](world, rank)
+        result = {"grid": grid, "errors": errors, "module": module}[mode](world, rank)
         if rank == 0:
             with open(path, "w", encoding="utf-8") as f:
                 json.dump(result, f)

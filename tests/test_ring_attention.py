@@ -18,7 +18,7 @@ import torch
 
 import posenc
 from _ranks import run_ranks
-from _ring_worker import H, LAYOUTS, encodings
+from _ring_worker import BATCHED, LAYER_ENCODINGS, LAYOUTS, H, encodings
 from conftest import tolerances
 from posenc.parallel import ring_attention
 
@@ -35,6 +35,7 @@ def _cases() -> list[str]:
         for where in LAYOUTS
         for mask in ("causal", "bidirectional")
     ]
+    out += [f"{name}-batched-{mask}" for name in BATCHED for mask in ("causal", "bidirectional")]
     return out + [f"{name}-float32" for name in FLOAT32]
 
 
@@ -125,7 +126,7 @@ def test_a_refused_part_of_a_composition_is_named():
 
 def test_without_a_process_group_it_says_so():
     q = torch.zeros(1, H, 4, 8)
-    with pytest.raises(RuntimeError, match="initialized torch.distributed process group"):
+    with pytest.raises(RuntimeError, match=r"initialized torch\.distributed process group"):
         ring_attention(q, q, q, positions=torch.arange(4))
 
 
@@ -142,3 +143,29 @@ def test_bad_arguments_raise_before_any_communication(kwargs, error, match):
     q = torch.zeros(1, H, 4, 8)
     with pytest.raises(error, match=match):
         ring_attention(q, q, q, **{"positions": torch.arange(4), **kwargs})
+
+
+@pytest.fixture(scope="module")
+def layers() -> dict[str, object]:
+    return run_ranks(WORKER, 2, "module")
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("name", LAYER_ENCODINGS)
+@pytest.mark.parametrize("where", LAYOUTS)
+def test_ring_context_runs_multi_head_attention_unsplit(layers, name, where):
+    # outputs, input and parameter gradients (sinks, projections, the encoding's tables)
+    assert layers[f"{name}-{where}"] <= tolerances(torch.float64, ops=OPS)["atol"]
+
+
+@pytest.mark.distributed
+def test_a_layer_without_global_positions_is_told_to_pass_them(layers):
+    assert "pass each rank the global positions" in layers["no positions"]
+
+
+@pytest.mark.distributed
+def test_a_hidden_causal_block_is_not_computed(layers):
+    # contiguous: rank 0's queries precede rank 1's keys (one pair, forward and backward)
+    assert layers["pairs-contiguous"] == [[1, 1], [2, 2]]
+    # head-tail: every rank holds a late chunk that sees every other rank's keys
+    assert layers["pairs-head_tail"] == [[2, 2], [2, 2]]

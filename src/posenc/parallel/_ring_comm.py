@@ -14,6 +14,8 @@ waiting for blocks that never come.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -21,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-__all__ = ["Ring", "ShardInfo", "check_shards"]
+__all__ = ["Ring", "ShardInfo", "Traffic", "check_shards", "ring_traffic"]
 
 #: The per-rank fields ``check_shards`` gathers, in order.
 FIELDS = (
@@ -36,6 +38,36 @@ SHARED = {
     "sinks": "sinks (given or None)",
 }  # fmt: skip
 DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
+
+
+@dataclass
+class Traffic:
+    """What the rings of this process sent while ``ring_traffic`` was open."""
+
+    bytes_sent: int = 0
+    shifts: int = 0
+
+
+_COUNTERS: list[Traffic] = []
+
+
+@contextlib.contextmanager
+def ring_traffic() -> Iterator[Traffic]:
+    """Count the bytes this process's ring attention sends to its next rank (point-to-point
+    shifts, forward and backward; the shard check's small all-gathers are not counted).
+
+    Example::
+
+        with ring_traffic() as traffic:
+            ring_attention(q, k, v, positions=positions, position=alibi).sum().backward()
+        traffic.bytes_sent  # per step, this rank
+    """
+    traffic = Traffic()
+    _COUNTERS.append(traffic)
+    try:
+        yield traffic
+    finally:
+        _COUNTERS.remove(traffic)
 
 
 @dataclass
@@ -62,6 +94,9 @@ class Ring:
         """Send ``tensors`` to the next rank and receive their shapes from the previous one;
         returns the pending requests and the buffers they fill (``finish``)."""
         sends = [t.contiguous() for t in tensors]
+        for traffic in _COUNTERS:
+            traffic.bytes_sent += sum(t.numel() * t.element_size() for t in sends)
+            traffic.shifts += 1
         recvs = [torch.empty_like(t) for t in sends]
         ops = [dist.P2POp(dist.isend, t, self.next, self.group) for t in sends]
         ops += [dist.P2POp(dist.irecv, t, self.prev, self.group) for t in recvs]

@@ -34,7 +34,8 @@ import torch.distributed as dist
 from torch import Tensor
 
 from posenc._checks import check_positions, check_tensor
-from posenc.base import Compose, PositionalEncoding, Site
+from posenc._dtypes import without_autocast
+from posenc.base import PositionalEncoding, Site
 from posenc.encodings.nope import NoPE
 from posenc.parallel._ring_blocks import (
     Pair,
@@ -45,18 +46,9 @@ from posenc.parallel._ring_blocks import (
     visible,
 )
 from posenc.parallel._ring_comm import DTYPES, Ring, check_shards
+from posenc.parallel._ring_encodings import check_splittable, kernel_parameters, observe_length
 
-__all__ = ["ring_attention"]
-
-#: Why an encoding cannot be split into (query block, key block) pairs, by class name.
-REFUSED = {
-    "CoPE": "its contextual position p_ij sums the gates of every key between key j and "
-    "query i, keys that other ranks hold",
-    "ForgettingAttention": "its forget gates are a cumulative product along the sequence",
-    "StickBreakingAttention": "each weight is a product over every later key up to the query",
-    "PaTH": "its Householder products run over every key between the key and the query",
-    "DualChunkAttention": "its chunked position rules read the whole sequence's chunks",
-}
+__all__ = ["check_splittable", "ring_attention"]
 
 
 @dataclass(frozen=True)
@@ -117,14 +109,14 @@ def ring_attention(
         ``[B, H, T, D]`` in ``q``'s dtype: the outputs of the shard's queries. A query that
         sees no key (and has no sink) outputs zeros.
 
-    Gradients: those of the shard's ``q``, ``k`` and ``v`` (and through the rotation, of its
-    parameters) are exact. Those of ``sinks`` and of the SCORE and VALUE parameters (T5's
-    table, KERPLE, FIRE's MLP, Shaw's tables) are this rank's share, the part from its own
-    queries: the unsplit gradient is their sum over the group, which the data-parallel
+    Gradients: those of the shard's ``q``, ``k`` and ``v`` are exact. Those of ``sinks`` and
+    of the encoding's parameters (T5's table, KERPLE, FIRE's MLP, Shaw's tables, a learned
+    rotation's) are this rank's share, the part from its own tokens: the unsplit gradient
+    is their sum over the group, which the data-parallel
     all-reduce of the gradients computes when its group includes the context-parallel ranks
-    (as torchtitan's and Megatron's do); otherwise all-reduce them over ``group``. The backward is not itself
-    differentiable. Computation runs in float32 for bf16/fp16 inputs, and holds
-    ``O(B * H * T * T)`` per pair of blocks.
+    (as torchtitan's and Megatron's do); otherwise all-reduce them over ``group``. The
+    backward is not itself differentiable. Computation runs in float32 for bf16/fp16
+    inputs, and holds ``O(B * H * T * T)`` per pair of blocks.
 
     Raises:
         ValueError: on every rank, when any rank's shard does not fit (shapes, lengths,
@@ -132,12 +124,12 @@ def ring_attention(
             needs state carried across blocks (CoPE, FoX, stick-breaking, PaTH,
             dual-chunk; named, with the reason); a causal-only encoding without
             ``causal``; ``sinks`` not ``[H]``.
-        TypeError: tensors that are not floating tensors of 4 dims; integer-free
-            ``segment_ids``; a ``position`` that is not a ``PositionalEncoding``.
+        TypeError: tensors that are not floating tensors of 4 dims; ``segment_ids`` that
+            are not integers; a ``position`` that is not a ``PositionalEncoding``.
         RuntimeError: no initialized process group; a rank that does not answer within
             the timeout.
     """
-    position = _check_position(NoPE() if position is None else position, causal)
+    position = check_splittable(NoPE() if position is None else position, causal=causal)
     for name, x in (("q", q), ("k", k), ("v", v)):
         check_tensor(name, x, ndim=4)
         if x.dtype not in DTYPES:
@@ -158,51 +150,16 @@ def ring_attention(
     if info.batched:
         positions = positions.expand(q.shape[0], -1)
     if position.sites & Site.QK:
-        _observe(position, int(info.max_position) + 1)
+        observe_length(position, int(info.max_position) + 1)
         at = positions if rotary_positions is None else rotary_positions
         q, k = position.rotate(q, k, at, at)
     setup = _Setup(
         ring, position, Shard(positions, segment_ids), causal,
         q.shape[-1] ** -0.5 if scale is None else float(scale), info.batched,
     )  # fmt: skip
-    params = [p for p in _kernel_parameters(position) if p.requires_grad]
-    return _RingAttention.apply(q, k, v, sinks, setup, *params)
-
-
-def _check_position(position: PositionalEncoding, causal: bool) -> PositionalEncoding:
-    if not isinstance(position, PositionalEncoding):
-        raise TypeError(
-            f"position must be a PositionalEncoding or None, got {type(position).__name__}"
-        )
-    parts = position.encodings if isinstance(position, Compose) else [position]
-    for part in parts:
-        name = type(part).__name__
-        if name in REFUSED or part.sites & Site.WEIGHTS:
-            why = REFUSED.get(name, "it computes the attention weights itself (WEIGHTS site)")
-            raise ValueError(
-                f"ring attention cannot split {name} into blocks: {why}; run it unsplit"
-            )
-    if position.causal_only and not causal:
-        raise ValueError(f"{type(position).__name__} is only defined for causal attention")
-    return position
-
-
-def _observe(position: PositionalEncoding, length: int) -> None:
-    """Pin length-dependent rotations (dynamic NTK, LongRoPE) to the whole sequence's
-    length, which a shard alone would not reach."""
-    parts = position.encodings if isinstance(position, Compose) else [position]
-    for part in parts:
-        observe = getattr(part, "observe_length", None)
-        if callable(observe):
-            observe(length)
-
-
-def _kernel_parameters(position: PositionalEncoding) -> list[Tensor]:
-    """The parameters of the SCORE and VALUE hooks (the rotation's are differentiated by
-    autograd outside the ring)."""
-    parts = position.encodings if isinstance(position, Compose) else [position]
-    kernel = [part for part in parts if part.sites & (Site.SCORE | Site.VALUE)]
-    return [p for part in kernel for p in part.parameters()]
+    params = [p for p in kernel_parameters(position) if p.requires_grad]
+    with without_autocast(q.device.type):  # the blocks run in the accumulation dtype
+        return _RingAttention.apply(q, k, v, sinks, setup, *params)
 
 
 def _accumulation(dtype: torch.dtype) -> torch.dtype:
@@ -235,36 +192,52 @@ class _RingAttention(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
         q, k, v, sinks, out, lse, *params = ctx.saved_tensors
-        setup: _Setup = ctx.setup
-        ring, queries = setup.ring, setup.queries
-        acc = out.dtype
-        q_acc, d_out = q.to(acc), grad_out.to(acc)
-        delta = (d_out * out).sum(-1)  # rowsum(dO * O), [B, H, T]
-        dq = torch.zeros_like(q_acc)
-        d_params: list[Tensor | None] = [None] * len(params)
-        block = [k, v, queries.positions, *_segments(queries)]
-        grads = [torch.zeros_like(k, dtype=acc), torch.zeros_like(v, dtype=acc)]
-        for step in range(ring.size):
-            last = step == ring.size - 1
-            pending = None if last else ring.start(block)
-            pair = _pair(setup, q_acc, block)
-            if pair is not None:
-                dq_b, dk_b, dv_b, dp_b = block_backward(pair, d_out, lse, delta, params)
-                dq += dq_b
-                grads = [grads[0] + dk_b, grads[1] + dv_b]
-                d_params = [_add(a, b) for a, b in zip(d_params, dp_b, strict=True)]
-            if pending is not None:
-                block = ring.finish(pending)
-            if ring.size > 1:  # the block's dK, dV follow it; after R shifts they are home
-                grads = ring.finish(ring.start(grads))
-        d_sinks = None
-        if sinks is not None and ctx.needs_input_grad[3]:
-            p_sink = torch.exp(sinks.to(acc).view(1, -1, 1) - lse)  # [B, H, T]
-            d_sinks = -(p_sink * delta).sum((0, 2)).to(sinks.dtype)
-        return (
-            dq.to(q.dtype), grads[0].to(k.dtype), grads[1].to(v.dtype), d_sinks, None,
-            *[None if g is None else g.to(p.dtype) for g, p in zip(d_params, params, strict=True)],
-        )  # fmt: skip
+        with without_autocast(q.device.type):
+            dq, dk, dv, d_params = _backward(ctx.setup, grad_out, q, k, v, out, lse, params)
+            d_sinks = None
+            if sinks is not None and ctx.needs_input_grad[3]:
+                delta = (grad_out.to(out.dtype) * out).sum(-1)  # [B, H, T]
+                p_sink = torch.exp(sinks.to(out.dtype).view(1, -1, 1) - lse)
+                d_sinks = -(p_sink * delta).sum((0, 2)).to(sinks.dtype)
+        d_params = [
+            None if g is None else g.to(p.dtype) for g, p in zip(d_params, params, strict=True)
+        ]
+        return dq, dk, dv, d_sinks, None, *d_params
+
+
+def _backward(
+    setup: _Setup,
+    grad_out: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    params: list[Tensor],
+) -> tuple[Tensor, Tensor, Tensor, list[Tensor | None]]:
+    """``(dq, dk, dv, d params)``: the ring run again, ``dK``, ``dV`` travelling with their
+    block (after ``R`` shifts they are back with their owner); ``out`` and ``lse`` in the
+    accumulation dtype."""
+    ring, acc = setup.ring, out.dtype
+    q_acc, d_out = q.to(acc), grad_out.to(acc)
+    delta = (d_out * out).sum(-1)  # rowsum(dO * O), [B, H, T]
+    dq = torch.zeros_like(q_acc)
+    d_params: list[Tensor | None] = [None] * len(params)
+    block = [k, v, setup.queries.positions, *_segments(setup.queries)]
+    grads = [torch.zeros_like(k, dtype=acc), torch.zeros_like(v, dtype=acc)]
+    for step in range(ring.size):
+        pending = ring.start(block) if step < ring.size - 1 else None
+        pair = _pair(setup, q_acc, block)
+        if pair is not None:
+            dq_b, dk_b, dv_b, dp_b = block_backward(pair, d_out, lse, delta, params)
+            dq += dq_b
+            grads = [grads[0] + dk_b, grads[1] + dv_b]
+            d_params = [_add(a, b) for a, b in zip(d_params, dp_b, strict=True)]
+        if pending is not None:
+            block = ring.finish(pending)
+        if ring.size > 1:
+            grads = ring.finish(ring.start(grads))
+    return dq.to(q.dtype), grads[0].to(k.dtype), grads[1].to(v.dtype), d_params
 
 
 def _pair(setup: _Setup, q: Tensor, block: list[Tensor]) -> Pair | None:

@@ -32,6 +32,7 @@ def ring_context(
     *,
     group: dist.ProcessGroup | None = None,
     timeout: timedelta | float | None = None,
+    token_positions: Tensor | None = None,
 ) -> Iterator[list[MultiHeadAttention]]:
     """Run every ``MultiHeadAttention`` in ``model`` (itself included) by ring attention over
     ``group`` while the context is open; yields the layers it changed.
@@ -46,11 +47,16 @@ def ring_context(
         model: a module holding ``MultiHeadAttention`` layers.
         group: the context-parallel process group (None: the default group).
         timeout: seconds (or a ``timedelta``) a rank waits for another; None: the group's.
+        token_positions: ``[T]`` or ``[B, T]``, the shard's global token indices (e.g.
+            ``ShardLayout.indices``), for the layers whose encoding takes structured
+            positions (M-RoPE's ``[3, B, T]``, axial RoPE's): ``MultiHeadAttention`` masks
+            those tokens by their index, which within a shard is not the global one.
 
     Raises:
         ValueError: ``model`` holds no ``MultiHeadAttention``; inside the context, a layer
             called with a KV cache, a key padding mask (pad with a segment of its own), or
-            attention dropout in training mode; and ``ring_attention``'s errors.
+            attention dropout in training mode, structured positions without
+            ``token_positions``; and ``ring_attention``'s errors.
         TypeError: ``model`` is not an ``nn.Module``.
     """
     if not isinstance(model, nn.Module):
@@ -60,7 +66,7 @@ def ring_context(
         raise ValueError(f"{type(model).__name__} holds no posenc.MultiHeadAttention layer")
     saved = [layer.__dict__.get("_core") for layer in layers]
     for layer in layers:
-        layer.__dict__["_core"] = _ring_core(layer, group, timeout)
+        layer.__dict__["_core"] = _ring_core(layer, group, timeout, token_positions)
     try:
         yield layers
     finally:
@@ -72,7 +78,10 @@ def ring_context(
 
 
 def _ring_core(
-    layer: MultiHeadAttention, group: dist.ProcessGroup | None, timeout: timedelta | float | None
+    layer: MultiHeadAttention,
+    group: dist.ProcessGroup | None,
+    timeout: timedelta | float | None,
+    token_positions: Tensor | None,
 ) -> Callable[..., Tensor]:
     """The attention core of ``layer`` (``MultiHeadAttention._core``'s arguments) by the ring."""
 
@@ -99,6 +108,14 @@ def _ring_core(
             raise ValueError(
                 f"ring attention has no attention dropout; the layer has dropout={layer.dropout}"
             )
+        if rotary_pos is not None:  # the layer ordered the tokens by their shard index
+            if token_positions is None:
+                raise ValueError(
+                    f"{type(layer.position).__name__} rotates at structured positions, and "
+                    "the layer masks its tokens by their index in the shard; pass the "
+                    "shard's global token indices: ring_context(..., token_positions=...)"
+                )
+            q_pos = token_positions.to(q.device)
         return ring_attention(
             q, k, v, positions=q_pos, position=layer.position, rotary_positions=rotary_pos,
             segment_ids=segment_ids, causal=layer.causal, group=group, sinks=layer.sinks,
