@@ -156,3 +156,33 @@ def resolve_positions(
             f"{name} has batch size {positions.shape[0]}, but the input has batch size {batch}"
         )
     return positions
+
+
+def float_positions(positions: Tensor, dtype: torch.dtype, name: str = "positions") -> Tensor:
+    """``positions`` (from ``check_positions``) in the floating ``dtype``, integers exact.
+
+    An integer beyond ``+-2 / eps`` of ``dtype`` (``2**53`` in float64, ``2**24`` in
+    float32) rounds to a neighbour, so neighbouring positions would share one angle or
+    one row. They are refused; under ``torch.compile`` (no host sync) they become NaN.
+    Float positions are converted as they are.
+
+    Raises:
+        ValueError: an integer position beyond the limit (named with the limit).
+        TypeError: a non-floating ``dtype``.
+    """
+    dtype = check_float_dtype("dtype", dtype)
+    out = positions.to(dtype)
+    if positions.is_floating_point() or not positions.numel():
+        return out
+    limit = int(2 / torch.finfo(dtype).eps)
+    if torch.compiler.is_compiling():
+        return torch.where((positions > limit) | (positions < -limit), float("nan"), out)
+    low, high = (int(v) for v in positions.aminmax())
+    if low < -limit or high > limit:
+        far = high if high > limit else low
+        raise ValueError(
+            f"{name} must lie within +-{limit} (2**{limit.bit_length() - 1}, the integers "
+            f"{str(dtype).removeprefix('torch.')} holds exactly; beyond it neighbouring "
+            f"positions round to one value), got {far}; shift every position by one amount"
+        )
+    return out

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from posenc._checks import check_bool, check_float, check_int
+from posenc._checks import check_bool, check_float, check_int, float_positions
 from posenc._dtypes import compute_dtype
 from posenc.base import PositionalEncoding, Site, register
 from posenc.encodings.data_dependent._common import visible_keys
@@ -199,7 +199,7 @@ class DualChunkAttention(PositionalEncoding):
 
     def _rotate(self, x: Tensor, index: Tensor) -> Tensor:
         """RoPE of ``x [B, H, T, D]`` at integer ``index [T] | [B, T]`` (float64 angles)."""
-        angles = index.to(torch.float64).unsqueeze(-1) * self._inv_freq.to(x.device)
+        angles = float_positions(index, torch.float64).unsqueeze(-1) * self._inv_freq.to(x.device)
         work = compute_dtype(x.dtype)
         return apply_rope(
             x, angles.cos().to(work), angles.sin().to(work), interleaved=self.interleaved

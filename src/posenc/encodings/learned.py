@@ -25,7 +25,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from posenc._checks import check_int, check_probability, check_tensor, resolve_positions
+from posenc._checks import (
+    check_int,
+    check_probability,
+    check_tensor,
+    float_positions,
+    resolve_positions,
+)
 from posenc.base import PositionalEncoding, Site, register
 
 __all__ = ["LearnedPositionalEncoding"]
@@ -93,7 +99,7 @@ class LearnedPositionalEncoding(PositionalEncoding):
 
     def _stretched(self, positions: Tensor, length: int) -> Tensor:
         """Rows ``[..., C]`` at ``positions`` of the table stretched to ``length`` rows."""
-        src = (positions.to(torch.float64) + 0.5) * (self.max_len / length) - 0.5
+        src = (float_positions(positions, torch.float64) + 0.5) * (self.max_len / length) - 0.5
         src = src.clamp_min(0.0)
         low = src.floor().long().clamp_max(self.max_len - 1)
         high = (low + 1).clamp_max(self.max_len - 1)

@@ -31,6 +31,7 @@ from posenc._checks import (
     check_positions,
     check_probability,
     check_tensor,
+    float_positions,
     resolve_positions,
 )
 from posenc._dtypes import compute_dtype
@@ -58,7 +59,7 @@ def sinusoidal_table(
     base = check_float("base", base, positive=True)
     exponent = torch.arange(0, d_model, 2, dtype=torch.float64, device=positions.device)
     inv_freq = torch.exp(exponent * (-torch.log(torch.tensor(base, dtype=torch.float64)) / d_model))
-    angles = positions.to(torch.float64).unsqueeze(-1) * inv_freq  # [..., C/2]
+    angles = float_positions(positions, torch.float64).unsqueeze(-1) * inv_freq  # [..., C/2]
     table = torch.stack((angles.sin(), angles.cos()), dim=-1)  # [..., C/2, 2]
     return table.flatten(-2).to(dtype)  # interleaved: sin at 2i, cos at 2i + 1
 

@@ -32,6 +32,7 @@ from posenc._checks import (
     check_positions,
     check_probability,
     check_tensor,
+    float_positions,
     resolve_positions,
 )
 from posenc._dtypes import compute_dtype
@@ -79,7 +80,8 @@ def sinusoidal_layout_table(
         raise ValueError(f"d_model={d_model} is too small for {spacing!r} spacing")
     i = torch.arange(half, dtype=torch.float64, device=positions.device)
     inv_freq = torch.exp(i * (-torch.log(torch.tensor(base, dtype=torch.float64)) / steps))
-    angles = (positions.to(torch.float64) + offset).unsqueeze(-1) * inv_freq  # [..., h]
+    exact = float_positions(positions, torch.float64) + offset
+    angles = exact.unsqueeze(-1) * inv_freq  # [..., h]
     if layout == "interleaved":
         table = torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)
     elif layout == "sin|cos":

@@ -48,7 +48,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from posenc._checks import check_bool, check_float, check_int, check_positions
+from posenc._checks import check_bool, check_float, check_int, check_positions, float_positions
 from posenc._dtypes import compute_dtype
 from posenc.base import PositionalEncoding, Site, register
 from posenc.encodings.rotary._shapes import check_qk
@@ -287,16 +287,18 @@ class AxialRope(PositionalEncoding):
         in the order of the module docstring (before the ``pairs`` layout places it).
 
         Integer coordinates ``0..G-1`` read a ``[G, P]`` table of the grid's coordinates
-        (the same float64 products, rounded once); others, and all under ``torch.compile``
-        (no host sync), are computed directly.
+        (the same float64 products, rounded once) when ``G`` is at most the number of
+        coordinates given; others (far positions), and all under ``torch.compile`` (no host
+        sync), are computed directly.
         """
         device, out = positions.device, compute_dtype(dtype)
         inv_freq, axis = self._inv_freq.to(device), self._axis.to(device)
         direct = positions.is_floating_point() or torch.compiler.is_compiling()  # no host sync
-        if direct or not positions.numel() or int(positions.min()) < 0:
-            angles = positions.to(torch.float64).index_select(-1, axis) * inv_freq
+        low, high = (0, 0) if direct or not positions.numel() else map(int, positions.aminmax())
+        if direct or not positions.numel() or low < 0 or high >= positions.numel():
+            angles = float_positions(positions, torch.float64).index_select(-1, axis) * inv_freq
             return angles.cos().to(out), angles.sin().to(out)
-        coords = torch.arange(int(positions.max()) + 1, dtype=torch.float64, device=device)
+        coords = torch.arange(high + 1, dtype=torch.float64, device=device)
         angles = coords[:, None] * inv_freq  # [G, P]
         index = positions.index_select(-1, axis)  # [..., N, P]: the coordinate of each pair
         flat = index.reshape(-1, index.shape[-1])

@@ -41,7 +41,14 @@ import math
 import torch
 from torch import Tensor, nn
 
-from posenc._checks import check_bool, check_even, check_float, check_int, check_positions
+from posenc._checks import (
+    check_bool,
+    check_even,
+    check_float,
+    check_int,
+    check_positions,
+    float_positions,
+)
 from posenc._dtypes import compute_dtype
 from posenc.base import PositionalEncoding, Site, register
 from posenc.encodings.rotary._shapes import check_qk
@@ -151,7 +158,7 @@ class FourierRope(PositionalEncoding):
         ``[B, T]``, in ``compute_dtype(dtype)`` (float64 for float64, else float32)."""
         work = compute_dtype(dtype)
         inv_freq = self.inv_freq.to(device=positions.device, dtype=work)
-        angles = positions.to(work).unsqueeze(-1) * inv_freq  # [(B,) T, F]
+        angles = float_positions(positions, work).unsqueeze(-1) * inv_freq  # [(B,) T, F]
         cos = torch.einsum("...tf,hfp->...htp", angles.cos(), self.cos_coef.to(work))
         sin = torch.einsum("...tf,hfp->...htp", angles.sin(), self.sin_coef.to(work))
         clipped = self.head_dim // 2 - self.inv_freq.numel()

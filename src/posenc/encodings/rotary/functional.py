@@ -21,6 +21,7 @@ from posenc._checks import (
     check_int,
     check_positions,
     check_tensor,
+    float_positions,
     resolve_positions,
 )
 from posenc._dtypes import compute_dtype
@@ -63,7 +64,8 @@ def rope_cos_sin(
     Raises:
         TypeError: non-tensor or half-precision / bool / complex positions, a
             non-floating ``dtype``.
-        ValueError: a non-finite ``attention_scale``.
+        ValueError: a non-finite ``attention_scale``; an integer position beyond +-2**53
+            (+-2**24 where the angles are float32, on MPS), which the angles would round.
     """
     positions = check_positions(positions)
     dtype = check_float_dtype("dtype", dtype)
@@ -71,7 +73,7 @@ def rope_cos_sin(
     attention_scale = check_float("attention_scale", attention_scale)
     angle_dtype = _angle_dtype(positions.device)
     freqs = inv_freq.to(device=positions.device, dtype=angle_dtype)
-    angles = positions.to(angle_dtype).unsqueeze(-1) * freqs  # [..., R/2]
+    angles = float_positions(positions, angle_dtype).unsqueeze(-1) * freqs  # [..., R/2]
     cos, sin = angles.cos(), angles.sin()
     if attention_scale != 1.0:
         cos, sin = cos * attention_scale, sin * attention_scale

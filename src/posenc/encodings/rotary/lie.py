@@ -46,7 +46,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from posenc._checks import check_float, check_int, check_positions
+from posenc._checks import check_float, check_int, check_positions, float_positions
 from posenc._dtypes import compute_dtype
 from posenc.base import PositionalEncoding, Site, register
 from posenc.encodings.rotary._shapes import check_qk
@@ -61,7 +61,8 @@ VARIANTS = ("ap", "ld")
 def lie_rotation(generators: Tensor, positions: Tensor) -> Tensor:
     """``exp(sum_a p_a A_{a,k})``: ``[..., N, K, b, b]`` from ``generators [A, K, b, b]``
     (skew-symmetric) and ``positions [..., N, A]``, in the generators' dtype."""
-    angles = torch.einsum("...a,akij->...kij", positions.to(generators.dtype), generators)
+    exact = float_positions(positions, generators.dtype)
+    angles = torch.einsum("...a,akij->...kij", exact, generators)
     return torch.linalg.matrix_exp(angles)
 
 

@@ -25,7 +25,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from posenc._checks import check_float, check_int, check_tensor, resolve_positions
+from posenc._checks import (
+    check_float,
+    check_int,
+    check_tensor,
+    float_positions,
+    resolve_positions,
+)
 from posenc._dtypes import compute_dtype
 from posenc.base import PositionalEncoding, Site, register
 
@@ -38,11 +44,12 @@ def position_temperature(positions: Tensor, *, beta: float, length: int, offset:
     Raises:
         ValueError: ``length < 1``, non-finite ``beta``, negative ``offset``; a position
             below ``-offset`` (the logarithm of a negative count of steps).
+            An integer position beyond +-2**53 (not exact in float64).
     """
     beta = check_float("beta", beta)
     length = check_int("length", length)
     offset = check_int("offset", offset, minimum=0)
-    shifted = positions.to(torch.float64) + offset
+    shifted = float_positions(positions, torch.float64) + offset
     if shifted.numel() and not torch.compiler.is_compiling() and float(shifted.min()) < 0:
         raise ValueError(
             f"position temperature needs positions >= {-offset}, got {float(positions.min()):g}"

@@ -29,7 +29,7 @@ import math
 import torch
 from torch import Tensor
 
-from posenc._checks import check_even, check_float, check_positions
+from posenc._checks import check_even, check_float, check_positions, float_positions
 from posenc.base import register
 from posenc.encodings.rotary.module import RotaryEmbedding
 from posenc.encodings.rotary.scaling import DEFAULT_BASE
@@ -67,7 +67,7 @@ def xpos_scale(positions: Tensor, rotary_dim: int, *, scale_base: float = 512.0)
     scale_base = check_float("scale_base", scale_base, positive=True)
     pair = torch.arange(rotary_dim // 2, dtype=torch.float64, device=positions.device)
     log_zeta = torch.log((2 * pair + 0.4 * rotary_dim) / (1.4 * rotary_dim))  # [R/2]
-    exponent = positions.to(torch.float64).unsqueeze(-1) / scale_base  # [..., 1]
+    exponent = float_positions(positions, torch.float64).unsqueeze(-1) / scale_base  # [..., 1]
     return torch.exp(exponent * log_zeta)
 
 
