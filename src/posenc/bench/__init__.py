@@ -5,10 +5,12 @@ implementations), ``additive`` (sinusoidal and learned ``x + PE``, table constru
 ``bias`` (each attention-bias encoding's layer against the bias-free layer, and peak
 memory against the materialized bias; blocked and materialized bias attention against
 causal SDPA, ``posenc.bench.bias_attention``), ``attention`` (each bias's attention core
-against causal SDPA at 2k-8k tokens, with the issue's limits) and ``lab``
+against causal SDPA at 2k-8k tokens, with the issue's limits), ``lab``
 (``posenc.bench.lab``: the lab model's training step and evaluation forward per
-encoding, in tokens per second). Every number is a median (and a maximum) of round-robin
-repeats, and every comparison a ratio within one run; see ``posenc.bench.timing``.
+encoding, in tokens per second) and ``ring`` (``posenc.bench.ring``: ring attention with a
+bias on two processes against the unsplit layer, time and bytes sent per step). Every
+number is a median (and a maximum) of round-robin repeats, and every comparison a ratio
+within one run; see ``posenc.bench.timing``.
 ``load`` runs busy processes beside the benchmark.
 """
 
@@ -31,6 +33,7 @@ from posenc.bench.bias import (
 from posenc.bench.lab import lab_groups
 from posenc.bench.load import busy_processes
 from posenc.bench.report import Target, rope_targets
+from posenc.bench.ring import ring_groups
 from posenc.bench.rope import rope_groups
 from posenc.bench.timing import Group, load_average, machine_info
 from posenc.bench.triton_rope import triton_rope_groups
@@ -38,13 +41,14 @@ from posenc.encodings.rotary import cpu_kernel
 
 __all__ = ["SUITES", "Results", "run_benchmarks"]
 
-SUITES = ("rope", "additive", "bias", "attention", "lab", "triton")
+SUITES = ("rope", "additive", "bias", "attention", "lab", "ring", "triton")
 _RUNNERS = {
     "rope": rope_groups,
     "additive": additive_groups,
     "bias": bias_groups,
     "attention": attention_groups,
     "lab": lab_groups,
+    "ring": ring_groups,
     "triton": triton_rope_groups,  # CUDA only: no groups elsewhere
 }
 
