@@ -239,11 +239,13 @@ DYNAMIC = {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_thet
            "max_position_embeddings": 10}  # fmt: skip
 
 
-def test_transformers_policy_reproduces_dynamic_ntk_generation(tmp_path_factory):
+@pytest.mark.parametrize("policy", [None, "transformers"])
+def test_transformers_policy_reproduces_dynamic_ntk_generation(policy, tmp_path_factory):
+    """The default (None) is the drop-in: the model's own generation, token for token."""
     model_cls, folder = _saved(tmp_path_factory, "llama", **DYNAMIC)
     ids = torch.randint(0, VOCAB, (1, PROMPT), generator=torch.Generator().manual_seed(4))
     tokens, logits = _greedy(_load(model_cls, folder), ids)  # crosses the original length 10
-    patched = patch(_load(model_cls, folder), length_policy="transformers")
+    patched = patch(_load(model_cls, folder), length_policy=policy)
     patched_tokens, patched_logits = _greedy(patched, ids)
     torch.testing.assert_close(patched_tokens, tokens, rtol=0, atol=0)
     _close(patched_logits, logits, PROMPT + NEW)
@@ -269,7 +271,7 @@ def test_monotone_policy_keeps_cached_keys_consistent(family, num_layers, tmp_pa
     model_cls, folder = _saved(tmp_path_factory, family, **layers)
     ids = torch.randint(0, VOCAB, (2, 18), generator=torch.Generator().manual_seed(5))
     original = _load(model_cls, folder)
-    patched = patch(_load(model_cls, folder))
+    patched = patch(_load(model_cls, folder), length_policy="monotone")
     drift = []
     with torch.no_grad():
         for model in (patched, original):
@@ -300,7 +302,7 @@ def test_monotone_policy_follows_each_cache_not_the_last_sequence(tmp_path_facto
     each cached step equals a full forward of its own sequence, though another sequence
     reached a longer length (whose frequencies the shared rotary module held)."""
     model_cls, folder = _saved(tmp_path_factory, "llama", **DYNAMIC)
-    patched, fresh = patch(_load(model_cls, folder)), patch(_load(model_cls, folder))
+    patched, fresh = (patch(_load(model_cls, folder), length_policy="monotone") for _ in "ab")
     ids = torch.randint(0, VOCAB, (4, 20), generator=torch.Generator().manual_seed(6))
     with torch.no_grad():
         short, long = (transformers.DynamicCache(config=patched.config) for _ in range(2))

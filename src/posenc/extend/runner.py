@@ -170,7 +170,7 @@ def _dry_run(model, settings: list[Setting]) -> None:
     for setting in settings:
         try:
             if setting.scaling is not None:
-                patch(model, scaling=setting.scaling)
+                patch(model, scaling=setting.scaling, length_policy="monotone")
             try:
                 with torch.no_grad():
                     model(ids)
@@ -240,7 +240,7 @@ def run_extend(
                 if not mine:
                     continue
                 if setting.scaling is not None:
-                    patch(model, scaling=setting.scaling)
+                    patch(model, scaling=setting.scaling, length_policy="monotone")
                 try:
                     for n in mine:
                         bar.update(task, description=f"{setting.label} @ {n}")

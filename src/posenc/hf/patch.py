@@ -19,12 +19,12 @@ places, and ``unpatch`` puts each back:
   (``patch_cache.CacheTracker``).
 
 Length policy (dynamic NTK, LongRoPE; Peng et al. 2023 sec. 3.2, Ding et al. 2024):
-``"monotone"`` (default) starts each sequence (an empty or absent cache) from the original
+``"transformers"`` (default: a drop-in gives the model's own outputs) reproduces
+transformers (frequencies from each call's length, cached keys left as they were rotated);
+``"monotone"`` (opt-in) starts each sequence (an empty or absent cache) from the original
 frequencies and follows the longest length so far; when a cached forward changes the
 frequencies, the cache is recomputed with the new ones first (``patch_cache``), so every
-decoding step equals a full forward over the sequence, for any number of layers;
-``"transformers"`` reproduces transformers (frequencies from each call's length, cached keys
-left as they were rotated).
+decoding step equals a full forward over the sequence, for any number of layers.
 
 Numerics: posenc forms the angles and cos/sin in float64 and rotates float32 inputs in
 float32 (bf16 and fp16 inputs in float32, rounded once), where transformers forms ``position
@@ -204,7 +204,10 @@ def _with_scaling(
 
 
 def patch_encodings(
-    config: object, *, scaling: Mapping[str, Any] | None = None, length_policy: str = "monotone"
+    config: object,
+    *,
+    scaling: Mapping[str, Any] | None = None,
+    length_policy: str = "transformers",
 ) -> tuple[dict[str | None, RotaryEmbedding], str, dict[str, Any]]:
     """The rotary tables ``patch`` would install, without a model (to check a scaling).
 
@@ -462,8 +465,8 @@ def patch(
             config's ``max_position_embeddings``) replaces it for every layer type, or a
             dict per layer type (``{"full_attention": {...}}``) for those named. The
             config's ``rope_theta`` and ``partial_rotary_factor`` are kept.
-        length_policy: ``"monotone"`` (None: the default) or ``"transformers"`` (module
-            docstring); only dynamic NTK and LongRoPE depend on it.
+        length_policy: ``"transformers"`` (None: the default, the model's own outputs) or
+            ``"monotone"`` (module docstring); only dynamic NTK and LongRoPE depend on it.
         verify: run a probe forward of ``PROBE_LENGTH`` tokens before and after patching
             with the config's own scaling: the patched model must call posenc's rotation
             and give the original's output (to a tolerance from the model's dtype), or it
@@ -483,7 +486,7 @@ def patch(
     if not isinstance(model, nn.Module) or not hasattr(model, "config"):
         raise TypeError(f"model must be a transformers model, got {type(model).__name__}")
     check_bool("verify", verify)
-    policy = "monotone" if length_policy is None else length_policy
+    policy = "transformers" if length_policy is None else length_policy
     if policy not in LENGTH_POLICIES:
         raise ValueError(f"length_policy must be one of {LENGTH_POLICIES}, got {length_policy!r}")
     _refuse_nested(model)
