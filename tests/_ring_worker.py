@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 import posenc
 from _build import SHORT, positions_for
-from posenc.attention import Masking, attend, repeat_kv
+from posenc.attention import DEFAULT_BLOCK_SIZE, Masking, attend, repeat_kv
 from posenc.parallel import contiguous_layout, head_tail_layout, thd_layout
 from posenc.parallel._ring_encodings import REFUSED
 from posenc.parallel.ring import ring_attention
@@ -112,10 +112,18 @@ def global_positions(where: str, world: int) -> torch.Tensor:
 
 
 def compare(
-    name: str, where: str, causal: bool, dtype: torch.dtype, world: int, rank: int, shift: int = 0
+    name: str,
+    where: str,
+    causal: bool,
+    dtype: torch.dtype,
+    world: int,
+    rank: int,
+    *,
+    shift: int = 0,
+    block_size: int = DEFAULT_BLOCK_SIZE,
 ) -> float:
     """The largest error of one case; ``shift``: positions ``[B, T]``, row ``b`` shifted by
-    ``shift * b``."""
+    ``shift * b``; ``block_size``: queries per block within a pair."""
     t = length(world)
     lay, seg = layout(where, world, rank)
     mine = lay.indices
@@ -139,7 +147,7 @@ def compare(
     got_out = ring_attention(
         *local[:3], positions=pos, position=enc, rotary_positions=positions_for(enc, pos),
         segment_ids=seg_mine, causal=causal, sinks=local[3] if use_sinks else None,
-        timeout=TIMEOUT,
+        block_size=block_size, timeout=TIMEOUT,
     )  # fmt: skip
     got_out.backward(grad[:, :, mine].to(dtype))
     got = [got_out, *(x.grad for x in local[:3])]
@@ -159,7 +167,7 @@ def grid(world: int, rank: int) -> dict[str, float]:
         for where in LAYOUTS:
             for causal in (True, False):
                 case = f"{name}-{where}-{'causal' if causal else 'bidirectional'}"
-                out[case] = compare(name, where, causal, torch.float64, world, rank)
+                out[case] = compare(name, where, causal, torch.float64, world, rank, block_size=3)
     for name in ("alibi", "t5", "shaw", "fire"):
         out[f"{name}-float32"] = compare(name, "head_tail", True, torch.float32, world, rank)
     for name in BATCHED:

@@ -3,10 +3,11 @@ and gradients for every encoding it takes, and refuses the others by name.
 
 Gloo ranks on the CPU run ``tests/_ring_worker.py``: every encoding (and RoPE + ALiBi) x
 (contiguous, head-tail, per-document packed) x (causal, bidirectional with sinks), grouped
-key/value heads, in float64 (to rounding) and a few in float32; bad shards raise the same
-error on every rank; ``ring_context`` runs ``MultiHeadAttention`` by the ring; a causal
-block that no query of a rank sees is not computed. Two ranks run by default, four under
-``slow``.
+key/value heads, in float64 (to rounding) with blocks of 3 queries within a pair (ragged
+blocks of a shard of 8 or 16); a few in float32, and with positions ``[B, T]``, in one
+block. Bad shards raise the same error on every rank; ``ring_context`` runs
+``MultiHeadAttention`` by the ring; a causal block that no query of a rank sees is not
+computed. Two ranks run by default, four under ``slow``.
 """
 
 from __future__ import annotations

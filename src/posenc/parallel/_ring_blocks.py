@@ -23,8 +23,8 @@ the queries, keys, values and every parameter of the bias and the value term.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -32,7 +32,16 @@ from torch import Tensor
 from posenc.attention.module import repeat_kv
 from posenc.base import PositionalEncoding, Site
 
-__all__ = ["Pair", "Shard", "block_backward", "block_forward", "merge", "visible"]
+__all__ = [
+    "Pair",
+    "Shard",
+    "add",
+    "block_backward",
+    "block_forward",
+    "merge",
+    "row_blocks",
+    "visible",
+]
 
 
 @dataclass(frozen=True)
@@ -92,6 +101,13 @@ class Pair:
             logits = logits.masked_fill(~self.mask, float("-inf"))
         return logits
 
+    def rows(self, rows: slice) -> Pair:
+        """The pair of the queries ``rows`` only."""
+        seg = self.queries.segment_ids
+        queries = Shard(self.queries.positions[..., rows], None if seg is None else seg[:, rows])
+        mask = None if self.mask is None else self.mask[..., rows, :]
+        return replace(self, q=self.q[..., rows, :], queries=queries, mask=mask)
+
     def weighted(self, probs: Tensor, v: Tensor) -> Tensor:
         """``probs @ v`` plus the encoding's value term of ``probs``: ``[B, H, Tq, D]``."""
         out = torch.matmul(probs, v)
@@ -102,9 +118,32 @@ class Pair:
         return out
 
 
-def block_forward(pair: Pair) -> tuple[Tensor, Tensor, Tensor]:
-    """``(m, l_sum, acc)`` of one pair: ``[B, H, Tq]``, ``[B, H, Tq]``, ``[B, H, Tq, D]``.
-    A row without a visible key has ``m = -inf`` and zeros."""
+def row_blocks(pair: Pair, size: int) -> Iterator[tuple[slice, Pair]]:
+    """The pair in blocks of ``size`` queries, without those that see no key of it."""
+    length = pair.q.shape[-2]
+    if length <= size:
+        yield slice(0, length), pair
+        return
+    for start in range(0, length, size):
+        rows = slice(start, min(start + size, length))
+        block = pair.rows(rows)
+        if block.mask is None or bool(block.mask.any()):
+            yield rows, block
+
+
+def block_forward(pair: Pair, size: int) -> tuple[Tensor, Tensor, Tensor]:
+    """``(m, l_sum, acc)`` of one pair: ``[B, H, Tq]``, ``[B, H, Tq]``, ``[B, H, Tq, D]``,
+    computed ``size`` queries at a time. A row without a visible key has ``m = -inf`` and
+    zeros."""
+    peak = pair.q.new_full(pair.q.shape[:-1], float("-inf"))
+    total, acc = peak.new_zeros(peak.shape), torch.zeros_like(pair.q)
+    for rows, block in row_blocks(pair, size):
+        peak[..., rows], total[..., rows], acc[..., rows, :] = _forward(block)
+    return peak, total, acc
+
+
+def _forward(pair: Pair) -> tuple[Tensor, Tensor, Tensor]:
+    """``block_forward`` of one block of queries."""
     heads = pair.q.shape[1]
     logits = pair.logits(pair.q, repeat_kv(pair.k, heads))
     peak = logits.amax(-1)  # [B, H, Tq]
@@ -126,9 +165,15 @@ def merge(
 
 
 def block_backward(
-    pair: Pair, grad_out: Tensor, lse: Tensor, delta: Tensor, params: Sequence[Tensor]
+    pair: Pair,
+    grad_out: Tensor,
+    lse: Tensor,
+    delta: Tensor,
+    params: Sequence[Tensor],
+    size: int,
 ) -> tuple[Tensor, Tensor, Tensor, list[Tensor | None]]:
-    """Gradients ``(dq, dk, dv, d params)`` of one pair from the recomputed probabilities.
+    """Gradients ``(dq, dk, dv, d params)`` of one pair from the recomputed probabilities,
+    ``size`` queries at a time.
 
     Args:
         pair: the pair (its tensors are not differentiated through).
@@ -136,7 +181,31 @@ def block_backward(
         lse: the global log-sum-exp ``[B, H, Tq]`` (finite: 0 for a row that sees nothing).
         delta: ``rowsum(dO * O)`` ``[B, H, Tq]``.
         params: the parameters of the bias and value term that require gradients.
+        size: queries per block.
     """
+    dq, dk, dv = (torch.zeros_like(t) for t in (pair.q, pair.k, pair.v))
+    d_params: list[Tensor | None] = [None] * len(params)
+    for rows, block in row_blocks(pair, size):
+        dq_b, dk_b, dv_b, dp_b = _backward(
+            block, grad_out[..., rows, :], lse[..., rows], delta[..., rows], params
+        )
+        dq[..., rows, :] += dq_b
+        dk, dv = dk + dk_b, dv + dv_b
+        d_params = [add(a, b) for a, b in zip(d_params, dp_b, strict=True)]
+    return dq, dk, dv, d_params
+
+
+def add(total: Tensor | None, part: Tensor | None) -> Tensor | None:
+    """``total + part`` where either may be None (no gradient)."""
+    if part is None:
+        return total
+    return part if total is None else total + part
+
+
+def _backward(
+    pair: Pair, grad_out: Tensor, lse: Tensor, delta: Tensor, params: Sequence[Tensor]
+) -> tuple[Tensor, Tensor, Tensor, tuple[Tensor | None, ...]]:
+    """``block_backward`` of one block of queries."""
     heads = pair.q.shape[1]
     with torch.enable_grad():
         leaves = [t.detach().requires_grad_() for t in (pair.q, pair.k, pair.v)]
@@ -148,7 +217,7 @@ def block_backward(
     dq, dk, dv = (
         torch.zeros_like(t) if g is None else g for t, g in zip(leaves, grads[:3], strict=True)
     )
-    return dq, dk, dv, list(grads[3:])
+    return dq, dk, dv, grads[3:]
 
 
 def _finite(peak: Tensor) -> Tensor:

@@ -33,13 +33,15 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from posenc._checks import check_positions, check_tensor
+from posenc._checks import check_int, check_positions, check_tensor
 from posenc._dtypes import without_autocast
+from posenc.attention.backends import DEFAULT_BLOCK_SIZE
 from posenc.base import PositionalEncoding, Site
 from posenc.encodings.nope import NoPE
 from posenc.parallel._ring_blocks import (
     Pair,
     Shard,
+    add,
     block_backward,
     block_forward,
     merge,
@@ -61,6 +63,7 @@ class _Setup:
     causal: bool
     scale: float
     batched: bool
+    block_size: int
 
 
 def ring_attention(
@@ -76,6 +79,7 @@ def ring_attention(
     group: dist.ProcessGroup | None = None,
     sinks: Tensor | None = None,
     scale: float | None = None,
+    block_size: int = DEFAULT_BLOCK_SIZE,
     timeout: timedelta | float | None = None,
 ) -> Tensor:
     """Attention of this rank's queries over every rank's keys, with ``position`` applied
@@ -102,6 +106,8 @@ def ring_attention(
             sends to rank ``r + 1`` of the group.
         sinks: ``[H]`` learned sink logits in every row's denominator (GPT-OSS), or None.
         scale: logits scale; None: ``1 / sqrt(D)``.
+        block_size: queries per block within a pair (memory ``O(B * H * block_size * T)``);
+            a block that sees no key of the pair is not computed.
         timeout: seconds (or a ``timedelta``) any rank waits for another; None: the
             process group's timeout.
 
@@ -116,7 +122,7 @@ def ring_attention(
     all-reduce of the gradients computes when its group includes the context-parallel ranks
     (as torchtitan's and Megatron's do); otherwise all-reduce them over ``group``. The
     backward is not itself differentiable. Computation runs in float32 for bf16/fp16
-    inputs, and holds ``O(B * H * T * T)`` per pair of blocks.
+    inputs.
 
     Raises:
         ValueError: on every rank, when any rank's shard does not fit (shapes, lengths,
@@ -143,6 +149,7 @@ def ring_attention(
     if sinks is not None and (not isinstance(sinks, Tensor) or sinks.shape != (q.shape[1],)):
         got = tuple(sinks.shape) if isinstance(sinks, Tensor) else type(sinks).__name__
         raise ValueError(f"sinks must be a tensor of shape [H={q.shape[1]}], got {got}")
+    block_size = check_int("block_size", block_size)
     if isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
         timeout = timedelta(seconds=timeout)
     ring = Ring(group, timeout)
@@ -155,7 +162,7 @@ def ring_attention(
         q, k = position.rotate(q, k, at, at)
     setup = _Setup(
         ring, position, Shard(positions, segment_ids), causal,
-        q.shape[-1] ** -0.5 if scale is None else float(scale), info.batched,
+        q.shape[-1] ** -0.5 if scale is None else float(scale), info.batched, block_size,
     )  # fmt: skip
     params = [p for p in kernel_parameters(position) if p.requires_grad]
     with without_autocast(q.device.type):  # the blocks run in the accumulation dtype
@@ -180,7 +187,7 @@ class _RingAttention(torch.autograd.Function):
             pending = ring.start(block) if step < ring.size - 1 else None
             pair = _pair(setup, q_acc, block)
             if pair is not None:  # else: a block no query of the rank sees, not computed
-                state = merge(state, block_forward(pair))
+                state = merge(state, block_forward(pair, setup.block_size))
             if pending is not None:
                 block = ring.finish(pending)
         out, lse = _finish(state, q_acc, sinks)
@@ -229,10 +236,12 @@ def _backward(
         pending = ring.start(block) if step < ring.size - 1 else None
         pair = _pair(setup, q_acc, block)
         if pair is not None:
-            dq_b, dk_b, dv_b, dp_b = block_backward(pair, d_out, lse, delta, params)
+            dq_b, dk_b, dv_b, dp_b = block_backward(
+                pair, d_out, lse, delta, params, setup.block_size
+            )
             dq += dq_b
             grads = [grads[0] + dk_b, grads[1] + dv_b]
-            d_params = [_add(a, b) for a, b in zip(d_params, dp_b, strict=True)]
+            d_params = [add(a, b) for a, b in zip(d_params, dp_b, strict=True)]
         if pending is not None:
             block = ring.finish(pending)
         if ring.size > 1:
@@ -253,12 +262,6 @@ def _pair(setup: _Setup, q: Tensor, block: list[Tensor]) -> Pair | None:
 
 def _segments(shard: Shard) -> list[Tensor]:
     return [] if shard.segment_ids is None else [shard.segment_ids]
-
-
-def _add(total: Tensor | None, part: Tensor | None) -> Tensor | None:
-    if part is None:
-        return total
-    return part if total is None else total + part
 
 
 def _finish(

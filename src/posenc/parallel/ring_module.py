@@ -119,7 +119,7 @@ def _ring_core(
         return ring_attention(
             q, k, v, positions=q_pos, position=layer.position, rotary_positions=rotary_pos,
             segment_ids=segment_ids, causal=layer.causal, group=group, sinks=layer.sinks,
-            timeout=timeout,
+            block_size=layer.block_size, timeout=timeout,
         )  # fmt: skip
 
     return core
