@@ -69,17 +69,18 @@ def visible(causal: bool, queries: Shard, keys: Shard) -> Tensor | None:
 @dataclass(frozen=True)
 class Pair:
     """The rank's queries ``q [B, H, Tq, D]`` and one key block ``k, v [B, Hkv, Tk, D]``
-    (accumulation dtype), their shards, the block's ``mask`` (``visible``), the encoding and
-    the logits scale."""
+    (accumulation dtype), their shards, the encoding and the logits scale; ``mask`` is
+    ``visible(causal, queries, keys)``, set by ``row_blocks``."""
 
     q: Tensor
     k: Tensor
     v: Tensor
     queries: Shard
     keys: Shard
-    mask: Tensor | None
+    causal: bool
     position: PositionalEncoding
     scale: float
+    mask: Tensor | None = None
 
     def logits(self, q: Tensor, k: Tensor) -> Tensor:
         """Scaled, biased, masked logits ``[B, H, Tq, Tk]`` of ``q`` and ``k [B, H, Tk, D]``."""
@@ -101,11 +102,14 @@ class Pair:
             logits = logits.masked_fill(~self.mask, float("-inf"))
         return logits
 
-    def rows(self, rows: slice) -> Pair:
-        """The pair of the queries ``rows`` only."""
+    def rows(self, rows: slice) -> Pair | None:
+        """The pair of the queries ``rows`` only, with their mask; None when none of them
+        sees a key of the block."""
         seg = self.queries.segment_ids
         queries = Shard(self.queries.positions[..., rows], None if seg is None else seg[:, rows])
-        mask = None if self.mask is None else self.mask[..., rows, :]
+        mask = visible(self.causal, queries, self.keys)
+        if mask is not None and not bool(mask.any()):
+            return None
         return replace(self, q=self.q[..., rows, :], queries=queries, mask=mask)
 
     def weighted(self, probs: Tensor, v: Tensor) -> Tensor:
@@ -121,13 +125,10 @@ class Pair:
 def row_blocks(pair: Pair, size: int) -> Iterator[tuple[slice, Pair]]:
     """The pair in blocks of ``size`` queries, without those that see no key of it."""
     length = pair.q.shape[-2]
-    if length <= size:
-        yield slice(0, length), pair
-        return
     for start in range(0, length, size):
         rows = slice(start, min(start + size, length))
         block = pair.rows(rows)
-        if block.mask is None or bool(block.mask.any()):
+        if block is not None:
             yield rows, block
 
 

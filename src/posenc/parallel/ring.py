@@ -45,7 +45,6 @@ from posenc.parallel._ring_blocks import (
     block_backward,
     block_forward,
     merge,
-    visible,
 )
 from posenc.parallel._ring_comm import DTYPES, Ring, check_shards
 from posenc.parallel._ring_encodings import check_splittable, kernel_parameters, observe_length
@@ -185,9 +184,8 @@ class _RingAttention(torch.autograd.Function):
         state = None
         for step in range(ring.size):
             pending = ring.start(block) if step < ring.size - 1 else None
-            pair = _pair(setup, q_acc, block)
-            if pair is not None:  # else: a block no query of the rank sees, not computed
-                state = merge(state, block_forward(pair, setup.block_size))
+            # query blocks that see none of the block's keys are not computed
+            state = merge(state, block_forward(_pair(setup, q_acc, block), setup.block_size))
             if pending is not None:
                 block = ring.finish(pending)
         out, lse = _finish(state, q_acc, sinks)
@@ -235,13 +233,10 @@ def _backward(
     for step in range(ring.size):
         pending = ring.start(block) if step < ring.size - 1 else None
         pair = _pair(setup, q_acc, block)
-        if pair is not None:
-            dq_b, dk_b, dv_b, dp_b = block_backward(
-                pair, d_out, lse, delta, params, setup.block_size
-            )
-            dq += dq_b
-            grads = [grads[0] + dk_b, grads[1] + dv_b]
-            d_params = [add(a, b) for a, b in zip(d_params, dp_b, strict=True)]
+        dq_b, dk_b, dv_b, dp_b = block_backward(pair, d_out, lse, delta, params, setup.block_size)
+        dq += dq_b
+        grads = [grads[0] + dk_b, grads[1] + dv_b]
+        d_params = [add(a, b) for a, b in zip(d_params, dp_b, strict=True)]
         if pending is not None:
             block = ring.finish(pending)
         if ring.size > 1:
@@ -249,15 +244,12 @@ def _backward(
     return dq.to(q.dtype), grads[0].to(k.dtype), grads[1].to(v.dtype), d_params
 
 
-def _pair(setup: _Setup, q: Tensor, block: list[Tensor]) -> Pair | None:
+def _pair(setup: _Setup, q: Tensor, block: list[Tensor]) -> Pair:
     """The pair of the queries ``q`` (accumulation dtype) and ``block`` (``[k, v, positions,
-    segment ids?]`` as it travels), or None when no query sees a key of the block."""
+    segment ids?]`` as it travels)."""
     keys = Shard(block[2], block[3] if len(block) > 3 else None)
-    mask = visible(setup.causal, setup.queries, keys)
-    if mask is not None and not bool(mask.any()):
-        return None
     k, v = (x.to(q.dtype) for x in block[:2])
-    return Pair(q, k, v, setup.queries, keys, mask, setup.position, setup.scale)
+    return Pair(q, k, v, setup.queries, keys, setup.causal, setup.position, setup.scale)
 
 
 def _segments(shard: Shard) -> list[Tensor]:
@@ -265,13 +257,10 @@ def _segments(shard: Shard) -> list[Tensor]:
 
 
 def _finish(
-    state: tuple[Tensor, Tensor, Tensor] | None, q: Tensor, sinks: Tensor | None
+    state: tuple[Tensor, Tensor, Tensor], q: Tensor, sinks: Tensor | None
 ) -> tuple[Tensor, Tensor]:
     """``(out [B, H, T, D], lse [B, H, T])`` from the merged state, the sink in each row's
     denominator; ``lse`` is 0 (finite) for a row that sees nothing."""
-    if state is None:  # no key visible to any query of the rank (only with segments)
-        shape = q.shape[:-1]
-        state = (q.new_full(shape, float("-inf")), q.new_zeros(shape), torch.zeros_like(q))
     peak, total, acc = state
     if sinks is not None:
         sink = sinks.to(q.dtype).view(1, -1, 1).expand_as(peak)
