@@ -27,6 +27,12 @@ fi
 # The tested set (requirements/pinned.txt): the same versions on every machine, whatever is
 # released tomorrow; .ci/run also tests the newest and the oldest supported transformers.
 python -m pip install --quiet -c requirements/pinned.txt -e ".[test]"
+# torchtitan, for tests/test_parallel_torchtitan.py (its cp_shard and RoPE caches): without its
+# declared dependencies (datasets, wandb, tensorboard); the modules tested need only these.
+if python -c "import sys; sys.exit(sys.version_info < (3, 11))"; then
+  python -m pip install --quiet --no-deps -c requirements/pinned.txt \
+    torchtitan spmd_types tyro docstring_parser typeguard
+fi
 # The lab's English-prose corpus (`posenc lab --corpus fortunes`): Debian's fortunes
 # package, plain text in /usr/share/games/fortunes; skipped where apt-get or root is not there.
 if [ ! -d /usr/share/games/fortunes ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
