@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import posenc.lab.results
-from _lab_helpers import Interrupt, NaNInput, registered
+from _lab_helpers import Interrupt, NaNInput, one_line, registered
 from posenc import cli
 
 TINY = ["--quick", "--steps", "6", "--d-model", "16", "--heads", "2", "--eval-tokens", "128",
@@ -23,14 +23,6 @@ def lab(out: Path, *options: str) -> int:
 
 def results(out: Path) -> dict:
     return json.loads((out / "results.json").read_text())
-
-
-def _one_line(capsys, *words: str) -> str:
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
-    for word in words:
-        assert word in err, err
-    return err
 
 
 # ----------------------------------------------------------------------------- sweep files
@@ -62,10 +54,10 @@ def test_sweep_file_reruns_bit_for_bit_and_settings_get_folders(tmp_path, capsys
     capsys.readouterr()
     sweep.write_text("stepz = 4\n")
     assert cli.main([*base, "--config", str(sweep), "--out", str(tmp_path / "d")]) == 2
-    _one_line(capsys, "unknown option 'stepz'", str(sweep))
+    one_line(capsys, "unknown option 'stepz'", str(sweep))
     sweep.write_text("steps = 'many'\n")
     assert cli.main([*base, "--config", str(sweep), "--out", str(tmp_path / "d")]) == 2
-    _one_line(capsys, "must be int")
+    one_line(capsys, "must be int")
 
 
 # ----------------------------------------------------------------------------- resume
@@ -118,7 +110,7 @@ def test_a_wrong_file_in_the_folder_is_named(tmp_path, capsys, name, content):
     (tmp_path / name).write_text(content)
     capsys.readouterr()
     assert lab(tmp_path, "--encodings", "nope") == 2
-    _one_line(capsys, str(tmp_path / name))
+    one_line(capsys, str(tmp_path / name))
 
 
 # ----------------------------------------------------------------------------- failures
@@ -147,13 +139,13 @@ def test_interrupt_before_the_first_model_writes_an_empty_report(tmp_path, capsy
     [(errno.ENOSPC, "disk full"), (errno.EACCES, "permission denied"),
      (errno.EROFS, "read-only")],
 )  # fmt: skip
-def test_file_system_errors_are_one_line(tmp_path, capsys, monkeypatch, code, words):
+def test_file_system_errors_areone_line(tmp_path, capsys, monkeypatch, code, words):
     def refuse(*args, dir=None, **kwargs):
         raise OSError(code, "refused", str(dir))
 
     monkeypatch.setattr(posenc.lab.results.tempfile, "mkstemp", refuse)
     assert lab(tmp_path / "out", "--encodings", "nope") == 2
-    _one_line(capsys, words, str(tmp_path / "out"))
+    one_line(capsys, words, str(tmp_path / "out"))
 
 
 def _rows(out: Path) -> list:

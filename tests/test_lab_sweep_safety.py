@@ -8,13 +8,12 @@ from __future__ import annotations
 import errno
 import json
 import os
-import signal
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 import posenc.lab.results
+from _lab_helpers import within
 from posenc import cli
 from posenc.lab.config import LIMITS, LabConfig
 from posenc.lab.results import finished_runs, write_bytes
@@ -26,22 +25,6 @@ TINY = (
     "eval_tokens = 128\nscalings = []\nfinetune_steps = 0\nno_progress = true\n"
     "threads = 1\njobs = 1\n"
 )
-
-
-@contextmanager
-def _within(seconds: int):
-    """Fail instead of hanging (a FIFO opened for reading waits for a writer forever)."""
-
-    def expire(*_):
-        raise TimeoutError(f"still running after {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def _sweep(tmp_path: Path, text: str | bytes) -> Path:
@@ -71,7 +54,7 @@ def test_sizes_past_the_lab_bounds_are_refused_before_any_file(tmp_path, capsys,
     flags = line.split() if line.startswith("--") else []
     sweep = _sweep(tmp_path, TINY + ("" if flags else line + "\n"))
     out = tmp_path / "out"
-    with _within(30):
+    with within(30):
         err = _refused(capsys, "--config", str(sweep), "--out", str(out), *flags)
     assert bound in err and "the lab's bound" in err
     assert not out.exists()
@@ -101,7 +84,7 @@ def test_sweep_file_encodings_and_kinds(tmp_path, capsys):
     assert str(deep) in err and "nests too deeply" in err
     fifo = tmp_path / "fifo.toml"
     os.mkfifo(fifo)
-    with _within(10):
+    with within(10):
         err = _refused(capsys, "--config", str(fifo), "--out", str(tmp_path / "o"))
     assert str(fifo) in err and "not a regular file" in err
     assert not (tmp_path / "o").exists()
@@ -137,13 +120,13 @@ def test_a_run_records_weights_stay_inside_its_folder_and_are_regular_files(tmp_
     for weights in (str(outside), "../elsewhere.pt", "runs/../../elsewhere.pt"):
         _record(out, weights)
         with pytest.raises(ValueError, match="weights must be a path inside"):
-            finished_runs(out, "id")
+            finished_runs(out, "id", metric="ppl")
     os.mkfifo(out / "runs" / "nope-s0.pt")
     _record(out, "runs/nope-s0.pt")
-    with _within(10), pytest.raises(ValueError, match="not a regular file"):
-        finished_runs(out, "id")
+    with within(10), pytest.raises(ValueError, match="not a regular file"):
+        finished_runs(out, "id", metric="ppl")
     (out / "runs" / "nope-s0.pt").unlink()
-    assert finished_runs(out, "id") == {}  # missing weights: the run is done again
+    assert finished_runs(out, "id", metric="ppl") == {}  # missing weights: the run is done again
 
 
 def test_a_failed_write_names_its_path(tmp_path, monkeypatch):

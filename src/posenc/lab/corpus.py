@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from posenc.lab.heldout import clean_split
+from posenc.lab.results import read_regular
 
 __all__ = ["CORPORA", "FORTUNES", "HELD_OUT_EVERY", "Corpus", "load_corpus", "stdlib_corpus"]
 
@@ -154,7 +155,7 @@ def _check_unambiguous(name: str | None) -> None:
 
 
 def _read_text(path: Path) -> bytes:
-    data = path.read_bytes()
+    data = read_regular(path)
     try:
         data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -11,7 +11,10 @@ Layout of ``--out``::
 Every file is written to a temporary file in the same folder and moved into place with
 ``os.replace``, so an interrupted sweep never leaves a half-written file behind; the
 temporary files an interrupted writer left (``.*.tmp``) are removed when a sweep resumes.
-A finished run counts only when its record has the right shape and its weights load.
+A finished run counts only when its record has the right shape (``posenc.lab.records``)
+and its weights load. Every file a sweep reads back (``config.json``, run records,
+weights, a run's round snapshot, corpus files) is read by ``read_regular``, so a FIFO or
+a device put in the folder is named, never opened for a blocking read.
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import pickle
 import platform
 import stat
 import sys
@@ -30,12 +32,15 @@ import numpy as np
 import torch
 
 import posenc
+from posenc.lab.records import check_header, check_run
 
 __all__ = [
     "FINISHED",
     "check_identity",
     "environment",
     "finished_runs",
+    "load_tensors",
+    "read_regular",
     "remove_stale",
     "run_environment",
     "write_json",
@@ -94,20 +99,30 @@ def remove_stale(out: Path) -> list[Path]:
     return stale
 
 
-def _regular(path: Path) -> bool:
-    """Whether ``path`` is a regular file (checked with ``stat``, so a FIFO is never
-    opened: opening one would wait for a writer forever)."""
-    try:
-        return stat.S_ISREG(path.stat().st_mode)
-    except OSError:
-        return False
+def read_regular(path: Path) -> bytes:
+    """The bytes of ``path``, which must be a regular file (a symlink to one will do).
+
+    A FIFO, a device or a folder is never read: the type is checked with ``stat`` before
+    the file is opened, and again on the descriptor, which is opened non-blocking, so a
+    FIFO put in its place in between cannot make the open wait for a writer forever.
+
+    Raises:
+        ValueError: ``path`` is not a regular file (the message names it).
+        OSError: it cannot be read (missing, denied).
+    """
+    refused = ValueError(f"{str(path)!r} is not a regular file; move it away")
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise refused
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise refused
+        return handle.read()
 
 
 def _read_json(path: Path) -> object:
-    if not _regular(path):
-        raise ValueError(f"{str(path)!r} is not a regular file; move it away")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(read_regular(path).decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise ValueError(f"{str(path)!r} is not valid JSON ({exc}); move it away") from None
 
@@ -153,39 +168,36 @@ def check_identity(out: Path, identity: dict[str, object]) -> None:
     write_json(path, identity)
 
 
-_RUN_FIELDS = {"encoding": str, "seed": int, "status": str, "rows": list}
-
-
-def finished_runs(out: Path, identity_hash: str) -> dict[tuple[str, int], dict]:
+def finished_runs(out: Path, identity_hash: str, *, metric: str) -> dict[tuple[str, int], dict]:
     """Runs in ``out/runs`` that finished under ``identity_hash``, by (encoding, seed).
 
     A run whose saved weights are missing or do not load (a truncated file) is left out,
-    so the sweep does it again.
+    so the sweep does it again. ``metric``: the sweep's (``"ppl"`` or ``"accuracy"``),
+    which every result of a finished record must hold (``posenc.lab.records``).
 
     Raises:
-        ValueError: a run file is not JSON or not a run record (the message names it).
+        ValueError: a run file is not JSON or not a run record, a finished record is
+            damaged (the message names the file and the field), or a file the sweep may
+            read back (``*.json``, ``*.pt``, a round snapshot) is not a regular file.
     """
+    for path in sorted((out / "runs").glob("*.pt")):  # weights and round snapshots
+        if path.exists() and not stat.S_ISREG(path.stat().st_mode):
+            raise ValueError(f"{str(path)!r} is not a regular file; move it away")
     runs = {}
     for path in sorted((out / "runs").glob("*.json")):
         record = _read_json(path)
-        wrong = not isinstance(record, dict) or any(
-            not isinstance(record.get(key), kind) for key, kind in _RUN_FIELDS.items()
-        )
-        if wrong:
-            fields = ", ".join(f"{k} ({t.__name__})" for k, t in _RUN_FIELDS.items())
-            raise ValueError(
-                f"{str(path)!r} is not a lab run record (needs {fields}); move it away"
-            )
+        check_header(record, path)
         if record.get("identity") != identity_hash or record["status"] not in FINISHED:
             continue
-        if record.get("weights") and not _weights_load(_weights_path(out, path, record)):
+        check_run(record, path, metric)
+        if record.get("weights") and not _weights_load(out, path, record):
             continue
         runs[record["encoding"], record["seed"]] = record
     return runs
 
 
-def _weights_path(out: Path, record_path: Path, record: dict) -> Path:
-    """The run's weights file, which must lie inside ``out``.
+def _weights_load(out: Path, record_path: Path, record: dict) -> bool:
+    """Whether the run's weights, which must lie inside ``out``, load.
 
     Raises:
         ValueError: ``weights`` is not a relative path inside ``out``, or names something
@@ -193,34 +205,44 @@ def _weights_path(out: Path, record_path: Path, record: dict) -> Path:
     """
     weights = record["weights"]
     inside = out.resolve()
-    path = (out / weights).resolve() if isinstance(weights, str) else None
-    if path is None or (path != inside and inside not in path.parents):
+    path = (out / weights).resolve()
+    if path != inside and inside not in path.parents:
         raise ValueError(
             f"{str(record_path)!r}: weights must be a path inside {str(out)!r}, got {weights!r}"
         )
-    if path.exists() and not _regular(path):
-        raise ValueError(f"{str(record_path)!r}: weights {weights!r} is not a regular file")
-    return path
-
-
-def _weights_load(path: Path) -> bool:
-    if not path.is_file():
-        return False
     try:
-        torch.load(path, weights_only=True)
-    except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError):
+        data = read_regular(path)
+    except ValueError:
+        raise ValueError(
+            f"{str(record_path)!r}: weights {weights!r} is not a regular file"
+        ) from None
+    except OSError:
         return False
-    return True
+    return load_tensors(data) is not None
+
+
+def load_tensors(data: bytes) -> object | None:
+    """``torch.load(weights_only=True)`` of ``data``; ``None`` when it does not load.
+
+    A truncated or garbled file fails in many ways inside the unpickler (``EOFError``,
+    ``IndexError`` from its stack, ``UnpicklingError``, ...): each means the same here.
+    """
+    try:
+        return torch.load(io.BytesIO(data), weights_only=True)
+    except Exception:
+        return None
 
 
 def run_environment(context, dtype: torch.dtype) -> dict[str, object]:
     """What one run's numbers depend on besides its configuration: threads, device,
-    the resolved precision (``posenc.lab.precision``), process count and library versions."""
+    the resolved precision (``posenc.lab.precision``), process count, context-parallel size
+    and library versions."""
     return {
         "torch_threads": torch.get_num_threads(),
         "device": str(context.device),
         "precision": str(dtype).removeprefix("torch."),
         "processes": context.world,
+        "context_parallel": context.cp,
         "torch": torch.__version__,
         "posenc": posenc.__version__,
     }

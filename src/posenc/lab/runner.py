@@ -141,7 +141,7 @@ def run_lab(
                 remove_stale(out)
                 if sweep_file is not None:
                     write_text(out / "sweep.toml", sweep_file)
-                runs = finished_runs(out, identity)
+                runs = finished_runs(out, identity, metric=work.metric)
             except (ValueError, OSError) as exc:
                 error = exc
         error = context.share(error)
@@ -184,7 +184,7 @@ def run_lab(
         finally:
             if _spread(context, config) and status == "complete":
                 dist.barrier()
-                runs = finished_runs(out, identity) if context.is_main else runs
+                runs = finished_runs(out, identity, metric=work.metric) if context.is_main else runs
             results = merged(config, work, context, runs, status, identity)
             if context.is_main:
                 written = _publish(out, results, figures=True)

@@ -31,7 +31,6 @@ losses plateau or ``max_steps``. ``train.stop`` says why training ended: ``"fixe
 from __future__ import annotations
 
 import io
-import pickle
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -44,7 +43,13 @@ from posenc.lab.config import LEARNED, LabConfig
 from posenc.lab.distributed import Context
 from posenc.lab.model import TinyLM, seeded_model
 from posenc.lab.plateau import plateaued, validation_loss
-from posenc.lab.results import run_environment, write_bytes, write_weights
+from posenc.lab.results import (
+    load_tensors,
+    read_regular,
+    run_environment,
+    write_bytes,
+    write_weights,
+)
 from posenc.lab.tasks import IGNORE
 from posenc.lab.train import NonFiniteLoss, Until, train
 from posenc.lab.variants import Variant, build_encoding, is_rotary, variants
@@ -300,10 +305,10 @@ def _write_round(path: Path, snapshot: dict) -> None:
 
 def _read_round(path: Path, identity: str) -> dict | None:
     """The training state saved after a round of this sweep's run, if one loads."""
-    try:
-        snapshot = torch.load(path, weights_only=True)
-    except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError):
-        return None  # none, truncated or foreign: the run starts over (same numbers)
+    try:  # never a blocking read: a FIFO there is refused when the sweep starts
+        snapshot = load_tensors(read_regular(path))
+    except (OSError, ValueError):
+        return None  # none, or not a file: the run starts over (the same numbers)
     return snapshot if isinstance(snapshot, dict) and snapshot.get("identity") == identity else None
 
 
