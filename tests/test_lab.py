@@ -28,12 +28,14 @@ from posenc.lab.tasks import DEPTHS, IGNORE
 from posenc.lab.train import lr_at
 from posenc.lab.variants import build_encoding, scaling_spec, variants
 
-TINY = ["--quick", "--steps", "12", "--d-model", "16", "--heads", "2", "--eval-tokens", "256",
-        "--threads", "1", "--no-progress"]  # fmt: skip
+#: A tiny model for a task; text also takes ``--eval-tokens`` (a task refuses it).
+TINY_MODEL = ["--quick", "--steps", "12", "--d-model", "16", "--heads", "2", "--threads", "1",
+              "--no-progress"]  # fmt: skip
+TINY = [*TINY_MODEL, "--eval-tokens", "256"]
 
 
-def lab(out: Path, *options: str) -> int:
-    return cli.main(["lab", *TINY, "--out", str(out), *options])
+def lab(out: Path, *options: str, base: list[str] = TINY) -> int:
+    return cli.main(["lab", *base, "--out", str(out), *options])
 
 
 def results(out: Path) -> dict:
@@ -143,13 +145,13 @@ def test_ctrl_c_keeps_what_finished(tmp_path):
 
 def test_task_sweep_reports_accuracy(tmp_path, monkeypatch):
     options = ["--task", "copy", "--encodings", "alibi", "--eval-examples", "8"]
-    assert lab(tmp_path / "short", *options) == 0  # a dozen steps: not learned, no result
+    assert lab(tmp_path / "short", *options, base=TINY_MODEL) == 0  # not learned, no result
     short = results(tmp_path / "short")
     assert short["runs"][0]["learned"] is False
     assert "not learned" in (tmp_path / "short" / "report.md").read_text()
     assert not (tmp_path / "short" / "accuracy.png").exists()
     monkeypatch.setattr(posenc.lab.runs, "LEARNED", 0.0)  # count it as learned
-    assert lab(tmp_path / "learned", *options) == 0
+    assert lab(tmp_path / "learned", *options, base=TINY_MODEL) == 0
     res = results(tmp_path / "learned")
     assert res["metric"] == "accuracy" and res["config"]["eval_lens"] == [16, 32, 48, 64]
     for value in res["runs"][0]["rows"][0]["results"].values():

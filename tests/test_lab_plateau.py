@@ -20,9 +20,11 @@ from posenc.lab.config import thorough_defaults
 from posenc.lab.plateau import VAL_BLOCK, plateaued, split_validation, validation_loss
 from posenc.lab.tasks import IGNORE
 
-TINY = ["--quick", "--encodings", "rope", "--steps", "12", "--d-model", "16", "--heads", "2",
-        "--eval-tokens", "256", "--threads", "1", "--jobs", "1", "--no-progress",
-        "--finetune-steps", "0", "--scalings"]  # fmt: skip
+#: A tiny model for a task; text also takes ``--eval-tokens`` (a task refuses it).
+TINY_MODEL = ["--quick", "--encodings", "rope", "--steps", "12", "--d-model", "16", "--heads",
+              "2", "--threads", "1", "--jobs", "1", "--no-progress", "--finetune-steps", "0",
+              "--scalings"]  # fmt: skip
+TINY = [*TINY_MODEL, "--eval-tokens", "256"]
 RECORDED = Path(__file__).resolve().parents[1] / "runs-recorded"
 
 
@@ -159,8 +161,9 @@ def test_measuring_validation_leaves_training_alone(tmp_path):
     """A task's validation examples are a stream of their own: with or without them the
     training curve and every reported number are the same."""
     task = ["--task", "copy", "--train-len", "8", "--max-steps", "12"]
-    assert cli.main(["lab", *TINY, *task, "--out", str(tmp_path / "a")]) == 0
-    assert cli.main(["lab", *TINY, *task, "--val-every", "4", "--out", str(tmp_path / "b")]) == 0
+    assert cli.main(["lab", *TINY_MODEL, *task, "--out", str(tmp_path / "a")]) == 0
+    measured = [*task, "--val-every", "4", "--out", str(tmp_path / "b")]
+    assert cli.main(["lab", *TINY_MODEL, *measured]) == 0
     plain, measured = _results(tmp_path / "a")["runs"][0], _results(tmp_path / "b")["runs"][0]
     assert plain["train"]["curve"] == measured["train"]["curve"]
     assert plain["rows"] == measured["rows"]

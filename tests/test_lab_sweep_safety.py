@@ -15,6 +15,7 @@ import pytest
 import posenc.lab.results
 from _lab_helpers import within
 from posenc import cli
+from posenc.commands.lab import config_from_args
 from posenc.lab.config import LIMITS, LabConfig
 from posenc.lab.results import finished_runs, write_bytes
 from posenc.lab.sweepfile import load_sweep
@@ -87,6 +88,52 @@ def test_sweep_file_encodings_and_kinds(tmp_path, capsys):
     with within(10):
         err = _refused(capsys, "--config", str(fifo), "--out", str(tmp_path / "o"))
     assert str(fifo) in err and "not a regular file" in err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("value", ["Thorough", "thorugh", ""])
+def test_a_sweep_files_profile_must_be_a_profile(tmp_path, capsys, value):
+    """It ran the default budget and recorded "default" (the command line refused it)."""
+    sweep = _sweep(tmp_path, TINY + f"profile = {json.dumps(value)}\n")
+    err = _refused(capsys, "--config", str(sweep), "--out", str(tmp_path / "o"))
+    assert str(sweep) in err and f"got {value!r}" in err and "default, thorough" in err
+    assert not (tmp_path / "o").exists()
+
+
+#: A task's tiny sweep (text's ``eval_tokens`` left out: a task refuses it).
+TASK = TINY.replace("eval_tokens = 128", 'task = "copy"\ntrain_len = 8\neval_lens = [8]')
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [(TINY + "passkey_key_len = 3\n", "--passkey-key-len applies to --task passkey only"),
+     (TINY + "eval_examples = 8\n", "--eval-examples applies to --task copy, reverse, recall"),
+     (TASK + "eval_tokens = 256\n", "--eval-tokens applies to text (task lm) only, not to task"),
+     (TASK + 'corpus = "fortunes"\n', "--corpus applies to text (task lm) only"),
+     (TASK + "eval_stride = 4\n", "--eval-stride applies to text"),
+     (TASK + "plateau_eps = 0.1\n", "--plateau-eps applies to text"),
+     (TASK.replace('"copy"', '"recall"') + "passkey_key_len = 3\n", "not to task 'recall'")],
+)  # fmt: skip
+def test_an_option_for_another_task_is_refused_by_name(tmp_path, capsys, text, words):
+    """``passkey_key_len`` with text was ignored without a word."""
+    err = _refused(capsys, "--config", str(_sweep(tmp_path, text)), "--out", str(tmp_path / "o"))
+    assert words in err
+    assert not (tmp_path / "o").exists()
+    passkey = ["--task", "passkey", "--passkey-key-len", "3", "--eval-examples", "8"]
+    config = config_from_args(cli.build_parser().parse_args(["lab", *passkey]))
+    assert config.passkey_key_len == 3 and config.eval_examples == 8
+
+
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [(["--config", "position"], "(shipped: positions); did you mean 'positions'?"),
+     (["--config", "Positons.toml"], "did you mean 'positions'?"),
+     (["--corpus", "fortune"], "--corpus 'fortune' does not exist; did you mean 'fortunes'?"),
+     (["--corpus", "STDLIB"], "did you mean 'stdlib'?")],
+)  # fmt: skip
+def test_a_near_miss_of_a_shipped_sweep_or_corpus_gets_a_hint(tmp_path, capsys, options, words):
+    err = _refused(capsys, *options, "--out", str(tmp_path / "o"))
+    assert words in err
     assert not (tmp_path / "o").exists()
 
 

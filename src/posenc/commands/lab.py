@@ -46,6 +46,16 @@ FLAGS = {
     "passkey_key_len": "--passkey-key-len",
 }
 
+#: Options that apply to some tasks only (``lm`` is text): given for another, refused.
+_TASK_ONLY = {
+    "passkey_key_len": ("passkey",),
+    "eval_examples": ("copy", "reverse", "recall", "passkey"),
+    "corpus": ("lm",),
+    "eval_tokens": ("lm",),
+    "eval_stride": ("lm",),
+    "plateau": ("lm",),
+    "plateau_eps": ("lm",),
+}
 #: Default evaluation lengths as multiples of the training length.
 _LM_MULTIPLES = (1, 2, 4, 8, 16)
 _QUICK_MULTIPLES = (1, 2, 4)
@@ -299,7 +309,9 @@ def config_from_args(args: argparse.Namespace):
             "precision", "finetune_steps", "finetune_len", "learned_beyond", "dynamic_factor",
             "t5_max_distance", "val_every", "val_tokens", "plateau", "plateau_eps",
             "passkey_key_len")  # fmt: skip
-    values.update({key: getattr(args, key) for key in keys if getattr(args, key) is not None})
+    given = {key: getattr(args, key) for key in keys if getattr(args, key) is not None}
+    _check_task_options(task, given)
+    values.update(given)
     if args.encodings:
         from posenc.base import available
         from posenc.cli import resolve_name
@@ -324,14 +336,44 @@ def config_from_args(args: argparse.Namespace):
     return LabConfig(**values)
 
 
+def _check_task_options(task: str, given: dict[str, object]) -> None:
+    """Refuse an option given for a task that does not use it, and name a corpus that is
+    neither a named corpus nor a path, with the closest named one.
+
+    Raises:
+        UsageError: the option and the tasks it applies to; the corpus.
+    """
+    from posenc.cli import suggest
+    from posenc.lab.corpus import CORPORA
+
+    for key, tasks in _TASK_ONLY.items():
+        if key in given and task not in tasks:
+            flag = FLAGS.get(key, f"--{key}")
+            where = "text (task lm)" if tasks == ("lm",) else f"--task {', '.join(tasks)}"
+            raise UsageError(f"lab: {flag} applies to {where} only, not to task {task!r}")
+    corpus = given.get("corpus")
+    path = Path(str(corpus))
+    if corpus is not None and corpus not in CORPORA and not (path.exists() or path.is_symlink()):
+        raise UsageError(
+            f"lab: --corpus {corpus!r} does not exist{suggest(corpus, CORPORA)} "
+            f"(named corpora: {', '.join(CORPORA)}; or a UTF-8 text file or folder)"
+        )
+
+
 def _settings(args: argparse.Namespace) -> tuple[str | None, list[tuple[str | None, dict]]]:
     """The sweep file's text and settings (``(None, [(None, {})])`` without ``--config``),
     each setting's options applied only where the command line left them unset."""
     if args.config is None:
         return None, [(None, {})]
-    from posenc.lab.sweepfile import load_sweep
+    from posenc.cli import suggest
+    from posenc.lab.sweepfile import load_sweep, shipped_sweeps
 
-    return load_sweep(args.config)
+    try:
+        return load_sweep(args.config)
+    except FileNotFoundError as exc:
+        if exc.errno is not None:  # the system's: it names its path
+            raise
+        raise UsageError(f"lab: --config: {exc}{suggest(args.config, shipped_sweeps())}") from None
 
 
 def _check_data(sweeps: list) -> None:

@@ -39,7 +39,19 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-__all__ = ["OPTIONS", "SHIPPED", "Setting", "load_sweep", "resolve_sweep", "shipped_sweeps"]
+from posenc.lab.config import PROFILES, TASKS
+from posenc.lab.precision import PRECISIONS
+from posenc.lab.results import read_regular
+
+__all__ = [
+    "CHOICES",
+    "OPTIONS",
+    "SHIPPED",
+    "Setting",
+    "load_sweep",
+    "resolve_sweep",
+    "shipped_sweeps",
+]
 
 #: Sweep-file key -> (argparse destination, expected type). Lists are of that type.
 OPTIONS: dict[str, tuple[str, type | tuple[type, ...]]] = {
@@ -82,6 +94,9 @@ OPTIONS: dict[str, tuple[str, type | tuple[type, ...]]] = {
     "device": ("device", str),
     "no_progress": ("no_progress", bool),
 }
+#: The options whose values come from a fixed set (the command line's choices; ``task``
+#: also ``lm``, text, the default).
+CHOICES: dict[str, tuple[str, ...]] = {"task": TASKS, "profile": PROFILES, "precision": PRECISIONS}
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 #: The folder of the sweeps shipped with posenc.
 SHIPPED = Path(__file__).with_name("sweeps")
@@ -100,6 +115,10 @@ def _options(table: dict, where: str) -> dict[str, object]:
         if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):
             want = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
             raise ValueError(f"{where}: option {key!r} must be {want}, got {value!r}")
+        if norm in CHOICES and value not in CHOICES[norm]:
+            raise ValueError(
+                f"{where}: option {key!r} must be one of {', '.join(CHOICES[norm])}, got {value!r}"
+            )
         out[dest] = value
     return out
 
@@ -137,15 +156,15 @@ def load_sweep(path: str | Path) -> tuple[str, list[Setting]]:
     Raises:
         FileNotFoundError: no such file and no such shipped sweep.
         ValueError: not a regular file (a FIFO or a device is never opened), not UTF-8,
-            not TOML or nested too deeply, an unknown option, a value of the wrong type,
-            or settings without a unique file-name-safe ``name`` (the message names the
-            file).
+            not TOML or nested too deeply, an unknown option, a value of the wrong type
+            or outside its ``CHOICES``, or settings without a unique file-name-safe
+            ``name`` (the message names the file).
     """
     path = resolve_sweep(path)
     if not stat.S_ISREG(path.stat().st_mode):
         raise ValueError(f"sweep file {str(path)!r} is not a regular file")
     try:
-        text = path.read_bytes().decode("utf-8-sig")
+        text = read_regular(path).decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise ValueError(
             f"sweep file {str(path)!r} is not UTF-8 text (byte {exc.start}: {exc.reason})"
