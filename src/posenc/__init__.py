@@ -5,7 +5,6 @@ Public API re-exports only; see each module for shapes, formulas and citations.
 
 from posenc.attention import MultiHeadAttention
 from posenc.base import Compose, PositionalEncoding, Site, available, build, info, register
-from posenc.diffusers import from_diffusers
 from posenc.encodings import (
     FIRE,
     KERPLE,
@@ -54,7 +53,6 @@ from posenc.encodings import (
     t5_relative_position_bucket,
     videorope_position_ids,
 )
-from posenc.hf import from_hf_config, rope_from_hf_config
 from posenc.kv_cache import KVCache
 
 __version__ = "0.1.0"
@@ -122,20 +120,40 @@ __all__ = [
 ]
 
 #: Submodules reached as attributes after ``import posenc`` (imported on first use: they
-#: pull in matplotlib, the lab's training loop or the benchmark harness).
+#: pull in matplotlib, the lab's training loop, the benchmark harness, transformers or
+#: diffusers interop), and the names re-exported from them (``from posenc import
+#: from_hf_config`` works as for any other name).
 _LAZY_SUBMODULES = frozenset(
-    {"analysis", "bench", "explain", "extend", "lab", "reference", "triton", "viz"}
+    {
+        "analysis",
+        "bench",
+        "diffusers",
+        "explain",
+        "extend",
+        "hf",
+        "lab",
+        "reference",
+        "triton",
+        "viz",
+    }
 )
+_LAZY_NAMES = {
+    "from_diffusers": "posenc.diffusers",
+    "from_hf_config": "posenc.hf",
+    "rope_from_hf_config": "posenc.hf",
+}
 
 
 def __getattr__(name: str) -> object:
-    """Import ``posenc.viz``, ``posenc.lab``, ``posenc.analysis``, ... on first access."""
-    if name in _LAZY_SUBMODULES:
-        import importlib
+    """Import ``posenc.viz``, ``posenc.hf``, ``posenc.from_hf_config``, ... on first access."""
+    import importlib
 
+    if name in _LAZY_SUBMODULES:
         return importlib.import_module(f"posenc.{name}")
+    if name in _LAZY_NAMES:
+        return getattr(importlib.import_module(_LAZY_NAMES[name]), name)
     raise AttributeError(f"module 'posenc' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY_SUBMODULES})
+    return sorted({*globals(), *_LAZY_SUBMODULES, *_LAZY_NAMES})

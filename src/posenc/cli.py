@@ -52,6 +52,17 @@ class UsageError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
+    def format_help(self) -> str:
+        """The help; an ``epilog`` or an option's ``help`` given as a function is called
+        here, so that what it lists (the gallery's figures, the benchmark suites) is
+        imported only when the help is shown."""
+        if callable(self.epilog):
+            self.epilog = self.epilog()
+        for action in self._actions:
+            if callable(action.help):
+                action.help = action.help()
+        return super().format_help()
+
     def error(self, message: str) -> None:  # one line, exit 2 (argparse prints usage too)
         command = self.prog.removeprefix("posenc").strip()
         message = _short_argparse(message)
@@ -161,21 +172,34 @@ def error_line(exc: BaseException) -> str:
     return PREFIX + " ".join(message.split())
 
 
-def build_parser() -> argparse.ArgumentParser:
+class _Version(argparse.Action):
+    """``--version``: the version and the RoPE path on CPU, looked up only when asked for
+    (finding the path loads the compiled kernel)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        from posenc.encodings.rotary.cpu_kernel import status
+
+        print(f"posenc {__version__} (RoPE on CPU: {status()})")
+        parser.exit()
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``posenc`` parser: with ``command``, only that command's options are built
+    (each command imports what its options need), else every command's."""
     parser = _TopParser(
         prog="posenc",
         formatter_class=argparse.RawDescriptionHelpFormatter,  # --version on one line
         description="Positional encodings for transformers: tables, figures, tours, the lab.",
         epilog="`posenc help COMMAND` (or `posenc COMMAND --help`) shows a command's options.",
     )
-    from posenc.encodings.rotary.cpu_kernel import status  # which RoPE path runs on CPU
-
-    version = f"posenc {__version__} (RoPE on CPU: {status()})"
-    parser.add_argument("--version", action="version", version=version)
+    parser.add_argument("--version", action=_Version, help="the version and the RoPE path")
     sub = parser.add_subparsers(
         dest="command", metavar="COMMAND", title="commands", parser_class=_Parser
     )
-    for name in COMMANDS:
+    for name in COMMANDS if command is None else (command,):
         importlib.import_module(f"posenc.commands.{name}").add_parser(sub)
     sub.add_parser("help", help="this list, or a command's options: posenc help COMMAND")
     return parser
@@ -195,12 +219,14 @@ def _command_name(argv: list[str]) -> list[str]:
     return argv
 
 
-def _help(parser: argparse.ArgumentParser, topics: list[str]) -> int:
-    if not topics:
+def _help(topics: list[str]) -> int:
+    """Print the overview (no topic) or one command's options."""
+    name = resolve_name(topics[0], COMMANDS, what="command") if topics else None
+    parser = build_parser(name)
+    if name is None:
         parser.print_help()
-        return 0
-    name = resolve_name(topics[0], COMMANDS, what="command")
-    build_parser().parse_args([name, "--help"])  # prints, then exits 0
+    else:
+        parser.parse_args([name, "--help"])  # prints, then exits 0
     return 0
 
 
@@ -218,10 +244,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = None
     try:
-        parser = build_parser()
         argv = _command_name(argv)
         if not argv or argv[0] == "help":
-            return _help(parser, argv[1:])
+            return _help(argv[1:])
+        parser = build_parser(next((a for a in argv if not a.startswith("-")), None))
         args, extra = parser.parse_known_args(argv)
         if extra:
             _refuse_extra(parser, args.command, extra)

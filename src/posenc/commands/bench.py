@@ -14,19 +14,15 @@ import os
 import tempfile
 from pathlib import Path
 
-from rich.console import Console
-
-from posenc.bench import SUITES, run_benchmarks
-from posenc.bench.bias_attention import COLUMNS as BIAS_ATTENTION_COLUMNS
-from posenc.bench.report import print_groups, print_memory, print_targets, rows_table
 from posenc.cli import UsageError, suggest
-from posenc.encodings.rotary import cpu_kernel
 
 #: Printed first under ``--quick``: its shapes and repeats are too small for the ratios.
 QUICK_NOTE = "--quick: a smoke test (tiny shapes, 2 repeats); its ratios are not meaningful"
 
 
 def _suites(text: str) -> list[str]:
+    from posenc.bench import SUITES
+
     names = [s.strip() for s in text.split(",") if s.strip()]
     unknown = [s for s in names if s not in SUITES]
     if not names or unknown:
@@ -52,6 +48,12 @@ def _count(least: int):
     return parse
 
 
+def _only_help() -> str:
+    from posenc.bench import SUITES
+
+    return f"comma-separated suites to run, of {', '.join(SUITES)} (default: all)"
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "bench",
@@ -63,9 +65,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--only",
         type=_suites,
-        default=list(SUITES),
+        default=None,
         metavar="SUITES",
-        help=f"comma-separated suites to run, of {', '.join(SUITES)} (default: all)",
+        help=_only_help,  # a function: posenc.bench is imported when the help is shown
     )
     p.add_argument(
         "--threads", type=_count(1), default=2, metavar="N", help="torch threads (default 2)"
@@ -115,10 +117,17 @@ def _load_line(machine: dict, busy: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from posenc.bench import SUITES, run_benchmarks
+    from posenc.bench.bias_attention import COLUMNS as BIAS_ATTENTION_COLUMNS
+    from posenc.bench.report import print_groups, print_memory, print_targets, rows_table
+    from posenc.encodings.rotary import cpu_kernel
+
     if args.json is not None and not args.json.parent.is_dir():
         raise UsageError(f"bench: --json: directory {str(args.json.parent)!r} does not exist")
     results = run_benchmarks(
-        only=args.only,
+        only=args.only or list(SUITES),
         quick=args.quick,
         threads=args.threads,
         repeats=args.repeats,

@@ -6,7 +6,6 @@ import argparse
 
 from posenc.base import Site, available, info
 from posenc.cli import UsageError, resolve_name
-from posenc.explain import explain
 
 #: The flag of each parameter of ``explain`` that the error messages name.
 FLAGS = {"dim": "--dim", "length": "--len", "num_heads": "--heads"}
@@ -26,7 +25,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _scaling_hint(name: str) -> None:
+    """Refuse a RoPE scaling's name (``yarn``) with where that scaling is shown."""
+    from posenc.encodings import scaling_types
+
+    if name.lower() in scaling_types() and name.lower() not in available():
+        raise UsageError(
+            f"explain: {name!r} is a RoPE scaling, not an encoding; try `posenc explain rope` "
+            "or `posenc show rope-spectrum`"
+        )
+
+
 def run(args: argparse.Namespace) -> int:
+    from posenc.explain import explain
+
+    _scaling_hint(args.encoding)
     name = resolve_name(args.encoding, available(), what="encoding")
     entry = info(name)
     bias_only = entry.sites == Site.SCORE and (entry.cls.offset_only or entry.cls.positional_bias)

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import argparse
 import json
-
-from rich import box
-from rich.console import Console
-from rich.table import Table
+from typing import TYPE_CHECKING
 
 from posenc.base import available, info
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 #: The columns of ``posenc list`` and of the README's encodings table.
 COLUMNS = ("name", "site", "paper", "what it does")
@@ -67,6 +67,9 @@ def markdown_table() -> str:
 
 def model_table() -> Table:
     """The family table of ``posenc.hf`` (``model_type`` and its positions), for ``--models``."""
+    from rich import box
+    from rich.table import Table
+
     from posenc.hf.absolute import ABSOLUTE_FAMILIES, STACKS
     from posenc.hf.biases import ALIBI_FAMILIES, T5_FAMILIES
     from posenc.hf.composite import TEXT_TOWERS
@@ -108,6 +111,10 @@ def model_table() -> Table:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
     if args.models:
         Console().print(model_table())
         return 0

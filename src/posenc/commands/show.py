@@ -7,13 +7,6 @@ from pathlib import Path
 
 from posenc.base import available
 from posenc.cli import UsageError, resolve_name
-from posenc.viz.gallery import (
-    GALLERY,
-    FigureOptions,
-    figure_options,
-    make_figure,
-    write_gallery,
-)
 
 #: The flag of each ``FigureOptions`` field.
 OPTION_FLAGS = {"dim": "--dim", "length": "--len", "heads": "--heads", "table": "--table"}
@@ -26,15 +19,23 @@ LIMITS = {"dim": 4096, "length": 8192, "heads": 64}
 MAX_DPI = 600
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def _epilog() -> str:
+    from posenc.viz.gallery import GALLERY
+
     figures = "\n".join(f"  {item.name:<14} {item.caption}" for item in GALLERY.values())
+    return (
+        f"figures:\n{figures}\n\nThe figures of trained models come from `posenc lab` "
+        "(its perplexity.png) and from --table."
+    )
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "show",
         help="draw a figure of the gallery or of one encoding (PNG or SVG)",
         description="Draw a figure by name, or an encoding's own figure (its table, its bias\n"
         "per head, or its attention maps) by the encoding's name.",
-        epilog=f"figures:\n{figures}\n\nThe figures of trained models come from `posenc lab` "
-        "(its perplexity.png) and from --table.",
+        epilog=_epilog,  # a function: the gallery is imported when the help is shown
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
@@ -67,6 +68,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from posenc.viz._common import figure_path, save_figure
+    from posenc.viz.gallery import (
+        GALLERY,
+        FigureOptions,
+        figure_options,
+        make_figure,
+        write_gallery,
+    )
 
     if not 1 <= args.dpi <= MAX_DPI:
         raise UsageError(f"show: --dpi must be 1 to {MAX_DPI}, got {args.dpi}")

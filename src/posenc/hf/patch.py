@@ -42,6 +42,7 @@ two logits are within bf16 rounding.
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import types
 from collections.abc import Mapping
@@ -66,6 +67,7 @@ from posenc.hf.patch_rotation import (
     rebind,
     rotation_methods,
 )
+from posenc.hf.patch_save import PatchedSave
 
 __all__ = ["PatchedRotary", "patch", "patch_encodings", "unpatch"]
 
@@ -164,7 +166,14 @@ def _layer_types(cfg: Mapping[str, Any]) -> list[str | None]:
             f"{type(params).__name__} {params!r:.80}"
         )
     nested = bool(params) and all(v is None or isinstance(v, Mapping) for v in params.values())
-    return sorted(k for k, v in params.items() if v is not None) if nested else [None]
+    if not nested:
+        return [None]
+    types_ = sorted(k for k, v in params.items() if v is not None)
+    used = cfg.get("layer_types")
+    if isinstance(used, list) and set(used) & set(types_):
+        # the model builds tables for its layers' types only (Gemma 3 all sliding)
+        types_ = [t for t in types_ if t in used]
+    return types_
 
 
 def _with_scaling(
@@ -294,8 +303,7 @@ class _PatchedMethod:
     def __init__(self, function: types.FunctionType, module: nn.Module) -> None:
         self.function, self.module = function, module
 
-    @torch.compiler.disable  # dynamo cannot guard on rebuilt globals: run these eagerly
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:  # eager under compile: see below
         return self.function(self.module, *args, **kwargs)
 
     def __deepcopy__(self, memo: dict) -> _PatchedMethod:
@@ -379,10 +387,19 @@ def _rotations(
     return arrangement, tables, found
 
 
+@functools.cache
+def _run_eagerly_under_compile() -> None:
+    """Mark ``_PatchedMethod.__call__`` for dynamo to run eagerly (it cannot guard on rebuilt
+    globals); done by the first patch, not at import: ``torch.compiler.disable`` imports
+    ``torch._dynamo``, which costs about as much CPU time as ``import torch``."""
+    _PatchedMethod.__call__ = torch.compiler.disable(_PatchedMethod.__call__)
+
+
 def _install(
     attentions: dict[nn.Module, dict[str, tuple[str, ...]]],
     rotations: dict[tuple[str, str], Rotation],
 ) -> list[tuple[nn.Module, str]]:
+    _run_eagerly_under_compile()
     rebuilt: dict[tuple[type, str], types.FunctionType] = {}
     installed = []
     for module, methods in attentions.items():
@@ -491,7 +508,7 @@ def patch(
         raise ValueError(f"length_policy must be one of {LENGTH_POLICIES}, got {length_policy!r}")
     _refuse_nested(model)
     config = as_config_dict(_text_config(model))
-    encodings, model_type, _ = patch_encodings(config, scaling=scaling, length_policy=policy)
+    encodings, model_type, run = patch_encodings(config, scaling=scaling, length_policy=policy)
     own, _, _ = patch_encodings(config, length_policy=policy) if scaling else (encodings, 0, 0)
     parent = _find_rotary(model, model_type)
     attentions = {m: found for m in parent.modules() if (found := rotation_methods(type(m)))}
@@ -513,6 +530,9 @@ def patch(
     parent.register_forward_pre_hook(TrackerPreHook(tracker, signature, rotary), with_kwargs=True)
     parent.register_forward_hook(TrackerPostHook(tracker), always_call=True)
     object.__setattr__(model, _STATE, _Patch(parent, original, methods))
+    monotone = policy == "monotone" and any(e.scaling.length_dependent for e in encodings.values())
+    saver = PatchedSave(model, run, scaled=scaling is not None, monotone=monotone)
+    object.__setattr__(model, "save_pretrained", saver)  # the patch's rope config (patch_save)
     if verify:
         try:
             _verify(model, ids, expected, rotations, model_type)
@@ -542,4 +562,5 @@ def unpatch(model: nn.Module) -> nn.Module:
         module.__dict__.pop(method, None)
     state.parent.rotary_emb = state.original
     object.__delattr__(model, _STATE)
+    model.__dict__.pop("save_pretrained", None)
     return model
