@@ -34,6 +34,9 @@ from posenc.parallel.ring_module import ring_context
 B, H, HKV, D = 2, 4, 2, 8
 LAYOUTS = ("contiguous", "head_tail", "packed")
 #: Encodings also run with positions ``[B, T]`` (each batch row shifted).
+#: Beyond the registry: a composition, and a bias without parameters to train (whose
+#: backward, as RoPE's and ALiBi's, runs PyTorch's fused CPU kernel).
+EXTRA = ("rope+alibi", "t5-frozen")
 LAYER_ENCODINGS = ("t5", "shaw", "rope", "mrope")
 BATCHED = ("alibi", "t5", "kerple", "fire", "shaw", "dape", "rope", "mrope")
 TIMEOUT = timedelta(seconds=60)
@@ -67,11 +70,11 @@ def build(name: str, causal: bool, dtype: torch.dtype) -> posenc.PositionalEncod
     if name == "rope+alibi":
         enc = posenc.Compose([posenc.RotaryEmbedding(D), posenc.ALiBi(H, causal=causal)])
     else:
-        enc = posenc.build(name, **shape, **SHORT.get(name, {}))
+        enc = posenc.build(name.removesuffix("-frozen"), **shape, **SHORT.get(name, {}))
     with torch.no_grad():
         for p in enc.parameters():
             p.add_(0.1 * torch.randn_like(p))
-    return enc.to(dtype)
+    return enc.to(dtype).requires_grad_(not name.endswith("-frozen"))
 
 
 def inputs(t: int, dtype: torch.dtype):
@@ -163,7 +166,7 @@ def compare(
 
 def grid(world: int, rank: int) -> dict[str, float]:
     out = {}
-    for name in [*encodings(), "rope+alibi"]:
+    for name in [*encodings(), *EXTRA]:
         for where in LAYOUTS:
             for causal in (True, False):
                 case = f"{name}-{where}-{'causal' if causal else 'bidirectional'}"
@@ -204,6 +207,9 @@ def errors(world: int, rank: int) -> dict[str, list[str]]:
         ),
         "keys shorter than the queries": lambda: run(k=k[:, :, : s - odd], v=v[:, :, : s - odd]),
         "local arange": lambda: run(positions=torch.arange(s)),
+        "a position twice on one rank": lambda: run(
+            positions=torch.cat((pos[:1], pos[:-1])) if odd else pos
+        ),
         "heads": lambda: run(q=q[:, : H // 2 if odd else H, :s]),
         "dtype": lambda: run(*(x[:, :, :s].to(torch.float32 if odd else torch.float64)
                                for x in (q, k, v))),

@@ -1,13 +1,15 @@
 """Ring attention (``posenc.parallel.ring_attention``) gives the unsplit attention's outputs
 and gradients for every encoding it takes, and refuses the others by name.
 
-Gloo ranks on the CPU run ``tests/_ring_worker.py``: every encoding (and RoPE + ALiBi) x
-(contiguous, head-tail, per-document packed) x (causal, bidirectional with sinks), grouped
-key/value heads, in float64 (to rounding) with blocks of 3 queries within a pair (ragged
-blocks of a shard of 8 or 16); a few in float32, and with positions ``[B, T]``, in one
-block. Bad shards raise the same error on every rank; ``ring_context`` runs
-``MultiHeadAttention`` by the ring; a causal block that no query of a rank sees is not
-computed. Two ranks run by default, four under ``slow``.
+Gloo ranks on the CPU run ``tests/_ring_worker.py``: every encoding (and RoPE + ALiBi, a
+frozen T5) x (contiguous, head-tail, per-document packed) x (causal, bidirectional with
+sinks), grouped key/value heads, in float64 (to rounding) with blocks of 3 queries within a
+pair (ragged blocks of a shard of 8 or 16); a few in float32, and with positions ``[B, T]``,
+in one block. The forward runs PyTorch's fused CPU kernel except for Shaw (a value term),
+the backward except for the encodings with parameters to train or content in their bias.
+Bad shards raise the same error on every rank; ``ring_context`` runs ``MultiHeadAttention``
+by the ring; a causal block that no query of a rank sees is not computed. Two ranks run by
+default, four under ``slow``.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import torch
 
 import posenc
 from _ranks import run_ranks
-from _ring_worker import BATCHED, LAYER_ENCODINGS, LAYOUTS, H, encodings
+from _ring_worker import BATCHED, EXTRA, LAYER_ENCODINGS, LAYOUTS, H, encodings
 from conftest import tolerances
 from posenc.parallel import ring_attention
 
@@ -32,7 +34,7 @@ OPS = 64
 def _cases() -> list[str]:
     out = [
         f"{name}-{where}-{mask}"
-        for name in [*encodings(), "rope+alibi"]
+        for name in [*encodings(), *EXTRA]
         for where in LAYOUTS
         for mask in ("causal", "bidirectional")
     ]
@@ -82,6 +84,7 @@ BAD = {
     "positions longer than the shard": "rank 1: positions has 9 tokens but q has 8",
     "keys shorter than the queries": "rank 1: k has 7 tokens but q has 8",
     "local arange": "position 0 (batch row 0) is held more than once (rank 0 and rank 1)",
+    "a position twice on one rank": "position 8 (batch row 0) is held more than once (rank 1)",
     "heads": "disagree on query heads H: rank 0 has 4, rank 1 has 2",
     "dtype": "disagree on dtype: rank 0 has torch.float64, rank 1 has torch.float32",
     "segment ids": "rank 1: segment_ids have shape [2, 9], expected [B=2, T=8]",

@@ -31,6 +31,7 @@ from torch import Tensor
 
 from posenc.attention.module import repeat_kv
 from posenc.base import PositionalEncoding, Site
+from posenc.parallel._ring_fused import fold_heads, fused_backward, fused_forward
 
 __all__ = [
     "Pair",
@@ -69,8 +70,9 @@ def visible(causal: bool, queries: Shard, keys: Shard) -> Tensor | None:
 @dataclass(frozen=True)
 class Pair:
     """The rank's queries ``q [B, H, Tq, D]`` and one key block ``k, v [B, Hkv, Tk, D]``
-    (accumulation dtype), their shards, the encoding and the logits scale; ``mask`` is
-    ``visible(causal, queries, keys)``, set by ``row_blocks``."""
+    (accumulation dtype), their shards, the encoding and the logits scale; ``fused``:
+    whether the forward and the backward run PyTorch's fused kernels (``_ring_fused``);
+    ``mask`` is ``visible(causal, queries, keys)``, set by ``row_blocks``."""
 
     q: Tensor
     k: Tensor
@@ -80,27 +82,36 @@ class Pair:
     causal: bool
     position: PositionalEncoding
     scale: float
+    fused: tuple[bool, bool] = (False, False)
     mask: Tensor | None = None
+
+    def additive(self, q: Tensor, k: Tensor) -> Tensor | None:
+        """The bias for ``q`` and ``k [B, H, Tk, D]`` with ``-inf`` where the mask hides a
+        key, ``[B|1, H|1, Tq, Tk]`` in ``q``'s dtype; None: neither."""
+        position, out = self.position, None
+        if position.sites & Site.SCORE:
+            out = position.score_bias(q, k, self.queries.positions, self.keys.positions)
+        if out is not None:
+            want = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+            if out.dim() != 4 or out.shape[1:] != want[1:] or out.shape[0] not in (1, want[0]):
+                raise ValueError(
+                    f"{type(position).__name__}.score_bias returned shape {tuple(out.shape)}, "
+                    f"expected {list(want)} (batch may be 1)"
+                )
+            out = out.to(q.dtype)
+        if self.mask is None:
+            return out
+        if out is None:
+            return torch.zeros(self.mask.shape, dtype=q.dtype, device=q.device).masked_fill_(
+                ~self.mask, float("-inf")
+            )
+        return out.masked_fill(~self.mask, float("-inf"))
 
     def logits(self, q: Tensor, k: Tensor) -> Tensor:
         """Scaled, biased, masked logits ``[B, H, Tq, Tk]`` of ``q`` and ``k [B, H, Tk, D]``."""
-        position = self.position
         logits = torch.matmul(q, k.transpose(-2, -1)) * self.scale
-        if position.sites & Site.SCORE:
-            bias = position.score_bias(q, k, self.queries.positions, self.keys.positions)
-            if bias is not None:
-                want = logits.shape
-                if bias.dim() != 4 or bias.shape[1:] != want[1:] or bias.shape[0] not in (
-                    1, want[0],
-                ):  # fmt: skip
-                    raise ValueError(
-                        f"{type(position).__name__}.score_bias returned shape "
-                        f"{tuple(bias.shape)}, expected {list(want)} (batch may be 1)"
-                    )
-                logits = logits + bias.to(logits.dtype)
-        if self.mask is not None:
-            logits = logits.masked_fill(~self.mask, float("-inf"))
-        return logits
+        additive = self.additive(q, k)
+        return logits if additive is None else logits + additive
 
     def rows(self, rows: slice) -> Pair | None:
         """The pair of the queries ``rows`` only, with their mask; None when none of them
@@ -146,10 +157,13 @@ def block_forward(pair: Pair, size: int) -> tuple[Tensor, Tensor, Tensor]:
 def _forward(pair: Pair) -> tuple[Tensor, Tensor, Tensor]:
     """``block_forward`` of one block of queries."""
     heads = pair.q.shape[1]
-    logits = pair.logits(pair.q, repeat_kv(pair.k, heads))
+    k, v = repeat_kv(pair.k, heads), repeat_kv(pair.v, heads)
+    if pair.fused[0]:
+        return fused_forward(pair.q, k, v, pair.additive(pair.q, k), pair.mask, pair.scale)
+    logits = pair.logits(pair.q, k)
     peak = logits.amax(-1)  # [B, H, Tq]
     probs = torch.exp(logits - _finite(peak)[..., None])  # 0 where hidden
-    return peak, probs.sum(-1), pair.weighted(probs, repeat_kv(pair.v, heads))
+    return peak, probs.sum(-1), pair.weighted(probs, v)
 
 
 def merge(
@@ -168,8 +182,8 @@ def merge(
 def block_backward(
     pair: Pair,
     grad_out: Tensor,
+    out: Tensor,
     lse: Tensor,
-    delta: Tensor,
     params: Sequence[Tensor],
     size: int,
 ) -> tuple[Tensor, Tensor, Tensor, list[Tensor | None]]:
@@ -179,8 +193,8 @@ def block_backward(
     Args:
         pair: the pair (its tensors are not differentiated through).
         grad_out: ``dO [B, H, Tq, D]``.
+        out: the merged output ``O [B, H, Tq, D]`` (every key of the ring).
         lse: the global log-sum-exp ``[B, H, Tq]`` (finite: 0 for a row that sees nothing).
-        delta: ``rowsum(dO * O)`` ``[B, H, Tq]``.
         params: the parameters of the bias and value term that require gradients.
         size: queries per block.
     """
@@ -188,7 +202,7 @@ def block_backward(
     d_params: list[Tensor | None] = [None] * len(params)
     for rows, block in row_blocks(pair, size):
         dq_b, dk_b, dv_b, dp_b = _backward(
-            block, grad_out[..., rows, :], lse[..., rows], delta[..., rows], params
+            block, grad_out[..., rows, :], out[..., rows, :], lse[..., rows], params
         )
         dq[..., rows, :] += dq_b
         dk, dv = dk + dk_b, dv + dv_b
@@ -204,16 +218,22 @@ def add(total: Tensor | None, part: Tensor | None) -> Tensor | None:
 
 
 def _backward(
-    pair: Pair, grad_out: Tensor, lse: Tensor, delta: Tensor, params: Sequence[Tensor]
+    pair: Pair, grad_out: Tensor, out: Tensor, lse: Tensor, params: Sequence[Tensor]
 ) -> tuple[Tensor, Tensor, Tensor, tuple[Tensor | None, ...]]:
     """``block_backward`` of one block of queries."""
-    heads = pair.q.shape[1]
+    heads, kv_heads = pair.q.shape[1], pair.k.shape[1]
+    if pair.fused[1]:
+        k, v = repeat_kv(pair.k, heads), repeat_kv(pair.v, heads)
+        additive = pair.additive(pair.q, k)
+        dq, dk, dv = fused_backward(grad_out, pair.q, k, v, out, lse, additive, pair.scale)
+        return dq, fold_heads(dk, kv_heads), fold_heads(dv, kv_heads), (None,) * len(params)
+    delta = (grad_out * out).sum(-1)  # rowsum(dO * O), [B, H, Tq]
     with torch.enable_grad():
         leaves = [t.detach().requires_grad_() for t in (pair.q, pair.k, pair.v)]
         q, k, v = leaves
         probs = torch.exp(pair.logits(q, repeat_kv(k, heads)) - lse[..., None])
-        out = pair.weighted(probs, repeat_kv(v, heads))
-        surrogate = (grad_out * out).sum() - (delta * probs.sum(-1)).sum()
+        mine = pair.weighted(probs, repeat_kv(v, heads))  # this block's share of O
+        surrogate = (grad_out * mine).sum() - (delta * probs.sum(-1)).sum()
         grads = torch.autograd.grad(surrogate, [*leaves, *params], allow_unused=True)
     dq, dk, dv = (
         torch.zeros_like(t) if g is None else g for t, g in zip(leaves, grads[:3], strict=True)

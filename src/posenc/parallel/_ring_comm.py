@@ -231,20 +231,23 @@ def check_shards(
 
 def _check_unique(held: Tensor, seg: Tensor | None) -> None:
     """Raise ``ValueError`` when a (segment, position) pair of a batch row is held twice;
-    ``held`` and ``seg`` (None: one segment) are ``[R, B, T]``."""
-    size, batch, length = held.shape
-    for b in range(batch):
-        ids = torch.zeros_like(held[:, b]) if seg is None else seg[:, b]
-        pairs = torch.stack((ids.reshape(-1), held[:, b].reshape(-1)), -1)  # [R*T, 2]
-        unique, counts = torch.unique(pairs, dim=0, return_counts=True)
-        if bool((counts > 1).any()):
-            s, p = unique[counts > 1][0].tolist()
-            at = (pairs == pairs.new_tensor([s, p])).all(-1).reshape(size, length)
-            ranks = sorted({int(r) for r in at.nonzero()[:, 0]})
-            where = f"position {p:g}" + ("" if seg is None else f" of segment {s:g}")
-            return_ranks = " and ".join(f"rank {r}" for r in ranks)
-            raise ValueError(
-                f"ring attention: {where} (batch row {b}) is held more than once "
-                f"({return_ranks}); pass each rank the global positions of its own tokens "
-                "(a local arange repeats them)"
-            )
+    ``held`` and ``seg`` (None: one segment) are ``[R, B, T]``. Sorted by position, then
+    (stably) by segment, a repeated pair lies next to itself."""
+    _, batch, length = held.shape
+    pos = held.permute(1, 0, 2).reshape(batch, -1)  # [B, R*T]
+    ids = torch.zeros_like(pos) if seg is None else seg.permute(1, 0, 2).reshape(batch, -1)
+    order = torch.argsort(pos, dim=-1, stable=True)
+    order = order.gather(-1, torch.argsort(ids.gather(-1, order), dim=-1, stable=True))
+    pos, ids = pos.gather(-1, order), ids.gather(-1, order)
+    twice = (pos[:, 1:] == pos[:, :-1]) & (ids[:, 1:] == ids[:, :-1])  # [B, R*T - 1]
+    if not bool(twice.any()):
+        return
+    b, i = (int(x) for x in twice.nonzero()[0])
+    ranks = sorted({int(order[b, j]) // length for j in (i, i + 1)})
+    where = f"position {float(pos[b, i]):g}"
+    where += "" if seg is None else f" of segment {float(ids[b, i]):g}"
+    held_by = " and ".join(f"rank {r}" for r in ranks) if len(ranks) > 1 else f"rank {ranks[0]}"
+    raise ValueError(
+        f"ring attention: {where} (batch row {b}) is held more than once ({held_by}); pass "
+        "each rank the global positions of its own tokens (a local arange repeats them)"
+    )

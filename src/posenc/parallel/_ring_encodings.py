@@ -16,7 +16,13 @@ from torch import Tensor
 
 from posenc.base import Compose, PositionalEncoding, Site
 
-__all__ = ["REFUSED", "check_splittable", "kernel_parameters", "observe_length"]
+__all__ = [
+    "REFUSED",
+    "check_splittable",
+    "kernel_parameters",
+    "observe_length",
+    "position_only_bias",
+]
 
 #: Why an encoding cannot be split into (query block, key block) pairs, by class name.
 REFUSED = {
@@ -70,3 +76,11 @@ def kernel_parameters(position: PositionalEncoding) -> list[Tensor]:
     parts = position.encodings if isinstance(position, Compose) else [position]
     kernel = [part for part in parts if part.sites & (Site.SCORE | Site.VALUE)]
     return [p for part in kernel for p in part.parameters()]
+
+
+def position_only_bias(position: PositionalEncoding) -> bool:
+    """Whether every SCORE part's bias depends on positions only, not on the queries and keys
+    (``offset_only`` or ``positional_bias``: ALiBi, T5, KERPLE, Sandwich, FIRE), so that its
+    gradient reaches no input."""
+    parts = position.encodings if isinstance(position, Compose) else [position]
+    return all(p.offset_only or p.positional_bias for p in parts if p.sites & Site.SCORE)

@@ -47,7 +47,12 @@ from posenc.parallel._ring_blocks import (
     merge,
 )
 from posenc.parallel._ring_comm import DTYPES, Ring, check_shards
-from posenc.parallel._ring_encodings import check_splittable, kernel_parameters, observe_length
+from posenc.parallel._ring_encodings import (
+    check_splittable,
+    kernel_parameters,
+    observe_length,
+    position_only_bias,
+)
 
 __all__ = ["check_splittable", "ring_attention"]
 
@@ -63,6 +68,7 @@ class _Setup:
     scale: float
     batched: bool
     block_size: int
+    fused: tuple[bool, bool]
 
 
 def ring_attention(
@@ -159,11 +165,13 @@ def ring_attention(
         observe_length(position, int(info.max_position) + 1)
         at = positions if rotary_positions is None else rotary_positions
         q, k = position.rotate(q, k, at, at)
+    params = [p for p in kernel_parameters(position) if p.requires_grad]
+    fused = q.device.type == "cpu" and not position.sites & Site.VALUE  # see _ring_fused
     setup = _Setup(
         ring, position, Shard(positions, segment_ids), causal,
         q.shape[-1] ** -0.5 if scale is None else float(scale), info.batched, block_size,
+        (fused, fused and not params and position_only_bias(position)),
     )  # fmt: skip
-    params = [p for p in kernel_parameters(position) if p.requires_grad]
     with without_autocast(q.device.type):  # the blocks run in the accumulation dtype
         return _RingAttention.apply(q, k, v, sinks, setup, *params)
 
@@ -225,7 +233,6 @@ def _backward(
     accumulation dtype."""
     ring, acc = setup.ring, out.dtype
     q_acc, d_out = q.to(acc), grad_out.to(acc)
-    delta = (d_out * out).sum(-1)  # rowsum(dO * O), [B, H, T]
     dq = torch.zeros_like(q_acc)
     d_params: list[Tensor | None] = [None] * len(params)
     block = [k, v, setup.queries.positions, *_segments(setup.queries)]
@@ -233,7 +240,7 @@ def _backward(
     for step in range(ring.size):
         pending = ring.start(block) if step < ring.size - 1 else None
         pair = _pair(setup, q_acc, block)
-        dq_b, dk_b, dv_b, dp_b = block_backward(pair, d_out, lse, delta, params, setup.block_size)
+        dq_b, dk_b, dv_b, dp_b = block_backward(pair, d_out, out, lse, params, setup.block_size)
         dq += dq_b
         grads = [grads[0] + dk_b, grads[1] + dv_b]
         d_params = [add(a, b) for a, b in zip(d_params, dp_b, strict=True)]
@@ -249,7 +256,9 @@ def _pair(setup: _Setup, q: Tensor, block: list[Tensor]) -> Pair:
     segment ids?]`` as it travels)."""
     keys = Shard(block[2], block[3] if len(block) > 3 else None)
     k, v = (x.to(q.dtype) for x in block[:2])
-    return Pair(q, k, v, setup.queries, keys, setup.causal, setup.position, setup.scale)
+    return Pair(
+        q, k, v, setup.queries, keys, setup.causal, setup.position, setup.scale, setup.fused
+    )
 
 
 def _segments(shard: Shard) -> list[Tensor]:
