@@ -7,25 +7,35 @@ Shapes: ``B`` batch, ``T`` length, ``C`` d_model.
   first add at most one graph (the dynamic-shape one), not one per length.
 * Inductor: ALiBi and RoPE in the default run (compiling is slow on a small CPU), every
   other encoding under ``-m slow``; results match eager to float32 tolerance.
+* Training: every registered encoding compiles forward and backward, with and without
+  ``fullgraph=True``, in one graph, over two query blocks of the chunked backend; the
+  output and the gradients of the input and of every parameter match eager's to float32
+  tolerance. Through AOTAutograd (``aot_eager``: the backward that compiled training
+  runs, without inductor's code generation) for a representative subset in the default
+  run (an offset bias, a learned-table bias, an MLP bias, CoPE, Shaw) and every encoding
+  under ``-m slow``, where inductor itself also trains every encoding.
 * ``torch.export`` of an inference layer with a dynamic length: ALiBi (``backend="sdpa"``
   for any length; the chunked backend's loop over query blocks specializes the length
   to at most ``block_size``) and RoPE.
 
 RoPE on CPU tensors is one node in the captured graph, the custom op ``posenc::rope``
 (its fake implementation gives the shapes, its autograd formula the backward), so the
-captured and exported graphs run the eager kernel and match eager bit for bit.
+captured and exported graphs run the eager kernel and match eager bit for bit; the
+in-place ``apply_rope_`` too (the op, then one copy into ``x``), compiled whole and
+exported with a dynamic length, tables that are views of ``x`` included.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from torch._dynamo.testing import CompileCounter, EagerAndRecordGraphs
+from torch._dynamo.testing import CompileCounter, CompileCounterWithBackend, EagerAndRecordGraphs
 from torch._dynamo.utils import counters
 
 import posenc
 from _build import B, C, H, attention_positions, build_encoding
 from conftest import tolerances
+from posenc.encodings.rotary.apply import apply_rope_
 
 LENGTHS = (5, 7, 9, 12)
 
@@ -141,3 +151,108 @@ def test_rope_is_one_custom_op_node_forward_and_backward(interleaved):
     torch.testing.assert_close(grad, want_grad, rtol=0, atol=0)
     code = "".join(graph.code for graph in graphs.graphs)
     assert len(graphs.graphs) == 1 and code.count("torch.ops.posenc.rope") == 2  # q and k
+
+
+def _rope_inputs(length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``x [B, H, T, D]`` and the ``cos``/``sin`` ``[T, D/2 - 1]`` of a partial rotation."""
+    x = torch.randn(B, H, length, C // H, generator=torch.Generator().manual_seed(length))
+    angles = torch.rand(length, C // H // 2 - 1, generator=torch.Generator().manual_seed(1))
+    return x, angles.cos(), angles.sin()
+
+
+class _RopeInPlace(torch.nn.Module):
+    def forward(self, x, cos, sin):
+        return apply_rope_(x.clone(), cos, sin)
+
+
+def _rope_nodes(code: str) -> int:
+    return code.count("torch.ops.posenc.rope")
+
+
+def test_inplace_rope_compiles_whole_to_the_custom_op():
+    x, cos, sin = _rope_inputs(7)
+    graphs = EagerAndRecordGraphs()
+    rotated = x.clone()
+    got = torch.compile(apply_rope_, backend=graphs, fullgraph=True)(rotated, cos, sin)
+    assert got is rotated  # in place, as eagerly
+    torch.testing.assert_close(rotated, posenc.apply_rope(x, cos, sin), rtol=0, atol=0)
+    assert len(graphs.graphs) == 1 and _rope_nodes(graphs.graphs[0].code) == 1
+
+
+def test_inplace_rope_compiled_reads_tables_that_are_views_of_x_as_passed():
+    """Eagerly the tables that share ``x``'s memory are copied before the kernel writes
+    ``x``; the graph rotates out of place and then writes ``x``: the same result."""
+
+    def rotate_by_own_rows(x):
+        return apply_rope_(x, x[0, 0, :, 1:4], x[0, 1, :, 2:5])
+
+    x, _, _ = _rope_inputs(7)
+    compiled = torch.compile(rotate_by_own_rows, backend=CompileCounter(), fullgraph=True)
+    torch.testing.assert_close(compiled(x.clone()), rotate_by_own_rows(x.clone()), rtol=0, atol=0)
+
+
+def test_inplace_rope_exports_with_a_dynamic_length():
+    length = torch.export.Dim("T", min=2, max=4096)
+    dims = ({2: length}, {0: length}, {0: length})
+    program = torch.export.export(_RopeInPlace(), _rope_inputs(9), dynamic_shapes=dims)
+    assert _rope_nodes(program.graph_module.code) == 1
+    for n in (3, 9, 33):
+        x, cos, sin = _rope_inputs(n)
+        want = posenc.apply_rope(x, cos, sin)
+        torch.testing.assert_close(program.module()(x, cos, sin), want, rtol=0, atol=0)
+
+
+#: Compiled training in the default run: an offset bias (ALiBi), a learned-table bias
+#: (T5), an MLP bias (FIRE), the contextual CoPE and Shaw's key and value terms.
+TRAIN_FAST = ("alibi", "t5", "fire", "cope", "shaw")
+
+
+def _training_grid(fast: tuple[str, ...]) -> list:
+    return [
+        pytest.param(
+            name,
+            fullgraph,
+            marks=() if name in fast else (pytest.mark.slow,),
+            id=f"{name}-{'fullgraph' if fullgraph else 'breaks-allowed'}",
+        )
+        for name in posenc.available()
+        for fullgraph in (True, False)
+    ]
+
+
+def _loss_and_grads(layer, run, x, pos) -> tuple[torch.Tensor, list]:
+    """``run(x, pos)`` and the gradients of a loss on it for ``x`` and every parameter
+    (None for one the loss does not reach)."""
+    wrt = [x, *(p for p in layer.parameters() if p.requires_grad)]
+    out = run(x, pos)
+    return out, list(torch.autograd.grad(out.square().sum(), wrt, allow_unused=True))
+
+
+def _check_training(name: str, backend, fullgraph: bool) -> None:
+    """Compiled forward and backward equal eager's over two query blocks (``T = 7``,
+    ``block_size = 4``: the chunked backend's loop, whose eager backward recomputes
+    each block)."""
+    layer = _layer(name, block_size=4).train()
+    x = _inputs(7).requires_grad_(True)
+    pos = attention_positions(layer.position, None, 7)
+    compiled = torch.compile(layer, backend=backend, fullgraph=fullgraph)
+    got, got_grads = _loss_and_grads(layer, compiled, x, pos)
+    want, want_grads = _loss_and_grads(layer, layer, x, pos)
+    tol = tolerances(torch.float32, ops=64)
+    torch.testing.assert_close(got, want, **tol)
+    assert [g is None for g in got_grads] == [w is None for w in want_grads]
+    for got_grad, want_grad in zip(got_grads, want_grads, strict=True):
+        if want_grad is not None:
+            torch.testing.assert_close(got_grad, want_grad, **tol)
+
+
+@pytest.mark.parametrize(("name", "fullgraph"), _training_grid(TRAIN_FAST))
+def test_compiled_training_matches_eager(name, fullgraph):
+    counter = CompileCounterWithBackend("aot_eager")
+    _check_training(name, counter, fullgraph)
+    assert counter.frame_count == 1, f"{counter.frame_count} graphs: a graph break"
+
+
+@pytest.mark.parametrize(("name", "fullgraph"), _training_grid(()))
+def test_inductor_training_matches_eager(name, fullgraph):
+    _check_training(name, "inductor", fullgraph)

@@ -10,6 +10,14 @@ chooses the kernel of the recomputation: SDPA's fused kernel for an ordinary bac
 and the eager formula (``fn(..., exact=True)``) when the backward itself builds a graph
 (``create_graph=True``), since the fused kernels' backward is not differentiable. That
 makes the chunked backend twice differentiable (``gradgradcheck``).
+
+Under ``torch.compile`` ``recompute`` is ``fn(*inputs)`` itself: dynamo cannot trace the
+``torch.autograd.grad`` of the recomputing backward (with ``fullgraph=True`` it refuses
+it, and without it the ``autograd.Function``'s subgraph cannot hand out the tensors an
+encoding caches). The block's plain differentiable operations are traced instead, and
+AOTAutograd derives their backward; its partitioner chooses what the backward keeps and
+what it recomputes. A compiled backward is not differentiable again (AOTAutograd has no
+double backward).
 """
 
 from __future__ import annotations
@@ -84,8 +92,11 @@ def recompute(fn: Callable[..., Tensor], *inputs: Tensor, dropout: bool) -> Tens
         dropout: whether ``fn`` draws random numbers (the backward replays them).
 
     Returns:
-        ``fn(*inputs)``.
+        ``fn(*inputs)``; under ``torch.compile`` computed with its graph kept, for
+        AOTAutograd to differentiate.
     """
+    if torch.compiler.is_compiling():
+        return fn(*inputs)
     return _Recompute.apply(fn, dropout, *inputs)
 
 

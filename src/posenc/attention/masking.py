@@ -64,10 +64,13 @@ class Masking:
         block and keys ``< first`` are visible to all of them.
 
         Only a causal mask over non-decreasing key positions narrows the range; padding
-        and segments need the mask on every key (``first = 0``).
+        and segments need the mask on every key (``first = 0``). Under ``torch.compile``
+        every block masks every key: the range is read from the positions on the host,
+        which a graph cannot do without breaking (or, with ``fullgraph=True``, failing).
         """
         k_pos = self.k_pos
-        if not self.causal or bool((k_pos[..., 1:] < k_pos[..., :-1]).any()):
+        compiling = torch.compiler.is_compiling()
+        if compiling or not self.causal or bool((k_pos[..., 1:] < k_pos[..., :-1]).any()):
             return [(0, num_keys)] * len(starts)
         blocks = [self.q_pos[..., s : s + block_size] for s in starts]
         latest = torch.stack([b.amax(-1) for b in blocks], -1)  # [blocks] or [B, blocks]

@@ -27,8 +27,10 @@ rotation by ``-theta``, through the same kernels, and is itself differentiable (
 derivatives, ``create_graph=True``).
 
 Under ``torch.compile`` and ``torch.export`` a CPU rotation is the custom op
-``torch.ops.posenc.rope`` (``rope_op``: one node, no graph break, the kernel's bits);
-elsewhere the plain expression is traced (the compiler fuses it into one kernel). The
+``torch.ops.posenc.rope`` (``rope_op``: one node, no graph break, the kernel's bits;
+``apply_rope_`` is that node and one ``copy_`` into ``x``, so tables that share ``x``'s
+memory are read before it is written); elsewhere the plain expression is traced (the
+compiler fuses it into one kernel). The
 plain expression also serves learned angles (``cos``/``sin`` that require grad),
 forward-mode AD and ``torch.func`` transforms (``vmap``, ``jvp``, ``grad``), which see
 its tensors, not raw memory, compiled or not (the op has no forward-mode formula and
@@ -192,24 +194,29 @@ def apply_rope_(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = Fals
     Raises:
         ValueError: mismatched shapes or devices, ``R > D``, an ``x`` whose elements
             overlap or may overlap in memory (an expanded tensor, rows sharing
-            features), or an efficient zero tensor (immutable).
+            features), or an efficient zero tensor (immutable; under ``torch.compile``
+            torch's own ``RuntimeError``).
         TypeError: non-tensor, non-floating, complex, sparse or nested inputs.
     """
     _check(x, cos, sin)
     interleaved = check_bool("interleaved", interleaved)
-    if x._is_zerotensor():
+    # eager only: asking a traced tensor breaks the graph (a compiled graph's write into
+    # a zero tensor is refused by torch itself, a RuntimeError)
+    if not torch.compiler.is_compiling() and x._is_zerotensor():
         raise ValueError("x is an efficient zero tensor, which is immutable; use apply_rope")
     check_no_overlap(x, hint="rotate a copy with apply_rope instead")
-    if shares_memory(x, cos):
-        cos = cos.clone()
-    if shares_memory(x, sin):
-        sin = sin.clone()
     route = _route(x, cos, sin)
+    # these two rotate out of place, then write x: the tables are read before the write
     if route == "plain":
         # the rotation reads a copy: x itself is overwritten, and autograd needs its values
         return x.copy_(_rotate_differentiable(x.clone(), cos, sin, interleaved))
     if route == "op":
         return x.copy_(rope_op.rope(x, cos, sin, interleaved, False))
+    # the kernels below write x while they read the tables (eager only: no fake tensors)
+    if shares_memory(x, cos):
+        cos = cos.clone()
+    if shares_memory(x, sin):
+        sin = sin.clone()
     if x.is_cuda and posenc_triton.available():
         return posenc_triton.apply_rope(x, cos, sin, interleaved=interleaved, inplace=True)
     if _needs_grad(x):
