@@ -12,12 +12,17 @@ give the same attention scores (the self inner products ``q_m . q_n`` of the rot
 tensors, which a feature permutation common to q and k does not change) to a tolerance from
 float32 angles. ``layer_plan`` is read twice, from the ``PretrainedConfig`` and from the
 ``config.json`` that ``save_pretrained`` would write (only what differs from the defaults).
+The rotation of a sparse-attention indexer (DeepSeek-V3.2, A.X K2: a top-k key selector
+with its own half-split rotation beside the attention's interleaved one) is not recorded:
+``layer_plan`` gives the attention's encoding; ``check_patch`` covers both rotations.
+Linear-attention layers run transformers' PyTorch path (``pytorch_fallbacks``).
 
 Shapes: ``B`` batch, ``H`` heads, ``T`` length, ``W`` width of the rotated tensor.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
@@ -25,6 +30,7 @@ import re
 import sys
 import warnings
 from dataclasses import dataclass, field
+from unittest import mock
 
 import torch
 
@@ -55,6 +61,30 @@ TINY = {
 # fields beyond TINY that a family needs to build tiny (its defaults assume full size)
 FIELDS: dict[str, dict] = {
     "mimo_v2_flash": {"head_dim": 48},  # partial_rotary_factor 0.334: an even rotary dim
+    # Llama 3.2 Vision: its default cross-attention layers (3, 8, ...) lie beyond two layers
+    "mllama_text_model": {"cross_attention_layers": [1]},
+    # Qwen 3.5-style M-RoPE: sections of 32 pairs, a quarter of a 256-feature head rotated
+    **{name: {"head_dim": 256} for name in ("qwen3_5_text", "qwen3_5_moe_text")},
+    # Mamba heads sized from the tiny hidden size (the defaults keep the full model's), and
+    # an attention layer after a Mamba one
+    "bamba": {"mamba_n_heads": 8, "mamba_d_head": 16, "attn_layer_indices": [1]},
+    "granitemoehybrid": {
+        "mamba_n_heads": 8,
+        "mamba_d_head": 16,
+        "layer_types": ["mamba", "attention"],
+    },
+    "zamba2": {"mamba_headdim": 16, "attention_hidden_size": 128, "attention_head_dim": 32},
+    "zaya": {"num_experts_per_tok": 1},  # ZAYA routes each token to one expert
+    "dots1": {"n_shared_experts": 1},
+    "lfm2_moe": {"layer_types": ["conv", "full_attention"], "num_dense_layers": 1},
+    # one group of the 4 tiny experts
+    "bailing_hybrid": {"num_expert_group": 1, "topk_group": 1, "num_experts_per_token": 2},
+    **{name: {"n_group": 1, "topk_group": 1} for name in ("axk1", "beam")},
+    # sparse-attention MLA: as many key heads as query heads (the keys are expanded per head)
+    **{
+        name: {"n_group": 1, "topk_group": 1, "num_key_value_heads": 4}
+        for name in ("axk2", "deepseek_v32", "glm_moe_dsa")
+    },
     # GPT-J and CodeGen name their sizes n_embd / n_head / n_inner
     **{
         name: {"n_embd": 64, "n_head": 4, "n_inner": 64, "rotary_dim": 8}
@@ -79,7 +109,10 @@ def families() -> dict[str, str]:
         except (AttributeError, ImportError, ModuleNotFoundError):
             continue
         if model_type in CONFIG_MAPPING and "text_config" in CONFIG_MAPPING[model_type].sub_configs:
-            continue  # a composite whose text model is its own family (Gemma 3 -> gemma3_text)
+            text = CONFIG_MAPPING[model_type].sub_configs["text_config"]
+            if inspect.get_annotations(cls).get("config") is not text:
+                continue  # a composite whose text model is its own family (Gemma 3 -> gemma3_text)
+            model_type = text.model_type  # a causal LM of the text config (Llama 3.2 Vision)
         module = sys.modules[cls.__module__]
         classes = [c for c in vars(module).values() if isinstance(c, type)]
         if any(issubclass(c, torch.nn.Module) and rotation_methods(c) for c in classes):
@@ -106,6 +139,8 @@ def tiny_config(model_type: str):
     values.update({k: v for k, v in TINY.items() if k in values})
     if "qk_rope_head_dim" in values:  # MLA: the rotated part of each head
         values["head_dim"] = values["qk_rope_head_dim"]
+    if "qk_head_dim" in values:  # MLA models that keep the whole head's width as a field
+        values["qk_head_dim"] = values["qk_rope_head_dim"] + values["qk_nope_head_dim"]
     for key in ("pad_token_id", "bos_token_id", "eos_token_id"):
         if isinstance(values.get(key), int) and values[key] >= values.get("vocab_size", 1 << 30):
             values[key] = 0
@@ -129,6 +164,48 @@ def build(model_type: str):
         logging.getLogger("transformers").setLevel(logging.ERROR)
         model = getattr(transformers, families()[model_type])(config)
     return model.float().eval()
+
+
+@contextlib.contextmanager
+def pytorch_fallbacks(model):
+    """``model``'s modeling module with transformers' PyTorch paths for the kernels it takes
+    from an optional package (flash-linear-attention's gated delta rule, causal-conv1d).
+
+    transformers picks such a kernel when its modeling module is imported, if the package
+    imports (``use_kernel_func_from_hub_with_fallback``); flash-linear-attention's are
+    Triton kernels, which need a GPU. Inside the context each one is rebuilt by the same
+    decorator with its package not importable, as transformers builds it without the
+    package: the reference PyTorch function, called the same way.
+    """
+    from transformers.integrations import hub_kernels
+
+    module = sys.modules[type(model).__module__]
+    rebuilt = {}
+    for name, value in vars(module).items():
+        cells = _closure(value)
+        if cells.get("is_new_implementation") is True:
+            package = cells["package"]
+            with mock.patch.dict(sys.modules, {package: None}):  # import fails: the fallback
+                decorate = hub_kernels.use_kernel_func_from_hub_with_fallback
+                rebuilt[name] = decorate(cells["func_name"], package)(cells["torch_function"])
+    saved = {name: vars(module)[name] for name in rebuilt}
+    vars(module).update(rebuilt)
+    try:
+        yield
+    finally:
+        vars(module).update(saved)
+
+
+def _closure(function) -> dict:
+    """The free variables of ``function`` by name (empty for anything else)."""
+    code, cells = getattr(function, "__code__", None), getattr(function, "__closure__", None)
+    if code is None or not cells:
+        return {}
+    values = {}
+    for name, cell in zip(code.co_freevars, cells, strict=True):
+        with contextlib.suppress(ValueError):  # an empty cell
+            values[name] = cell.cell_contents
+    return values
 
 
 @dataclass
@@ -177,8 +254,8 @@ def record(model, first: int) -> Record:
     for name, module in model.named_modules():
         methods = rotation_methods(type(module))
         found = _LAYER.search(name)
-        if not methods or not found:
-            continue
+        if not methods or not found or name.endswith(".indexer"):
+            continue  # a sparse-attention indexer's rotation: not the attention's (docstring)
         layer = int(found[1])
         for method, names in methods.items():
             function = getattr(type(module), method)
@@ -198,9 +275,12 @@ def record(model, first: int) -> Record:
 
 
 def _rotary(encoding):
-    """The ``RotaryEmbedding`` of a layer's encoding, None for NoPE layers."""
+    """The ``RotaryEmbedding`` of a layer's encoding, None for NoPE layers; an M-RoPE
+    layer's own (the walk's text positions are equal on every axis)."""
     if isinstance(encoding, posenc.RotaryEmbedding):
         return encoding
+    if isinstance(encoding, posenc.MRoPE):
+        return encoding.rope
     parts = getattr(encoding, "encodings", None) or getattr(encoding, "parts", None) or ()
     return next((p for p in parts if isinstance(p, posenc.RotaryEmbedding)), None)
 

@@ -89,8 +89,14 @@ CONFIG_FIELDS = {
     **dict.fromkeys(("hunyuan_v1_dense", "hunyuan_v1_moe"), HUNYUAN_ALPHA),
     "glm4_moe": {"head_dim": 128},  # GLM-4.5: 4096 / 96 heads is not its head dim
     "esm": {"position_embedding_type": "rotary"},  # ESM-2 (the default is absolute)
-    # Granite 4 hybrid: the default is all Mamba layers (no attention to rotate); one of each
-    "granitemoehybrid": {"layer_types": ["mamba", "attention"], "num_hidden_layers": 2},
+    "zamba2": {"use_mem_rope": True},  # its rotary module runs only with use_mem_rope
+    # Granite 4 hybrid: the default is all Mamba layers (no attention to rotate) and NoPE;
+    # one of each, with RoPE
+    "granitemoehybrid": {
+        "layer_types": ["mamba", "attention"],
+        "num_hidden_layers": 2,
+        "position_embedding_type": "rope",
+    },
     # GPT-J and CodeGen keep a sin/cos table of n_positions rows: room for the offset
     **{name: {"n_positions": OFFSET + 2 * LENGTH} for name in ("gptj", "codegen")},
     "llama4/Llama4VisionRotaryEmbedding": {"image_size": 56, "patch_size": 14},  # 4 x 4 patches

@@ -4,9 +4,10 @@
 records which layers rotate q/k and how; ``posenc.hf.layer_plan`` (from the config object
 and from its ``config.json``) must agree at every layer, at positions ``0..6`` and
 ``1000..1006``, and ``posenc.hf.patch`` must give the model's logits and greedy tokens, or
-refuse the family by name. A family the walk cannot build tiny is listed in ``NOT_BUILT``
-with the reason (not counted as matched). The default run checks ``SAMPLE`` (one family per
-per-layer rule and layout); ``pytest -m slow`` walks them all.
+refuse the family by name. A family the walk cannot build tiny or run is listed in
+``NOT_BUILT`` with the error it raises, which a test checks (not counted as matched).
+Linear-attention layers run transformers' PyTorch path on a CPU. The default run checks
+``SAMPLE`` (one family per per-layer rule and layout); ``pytest -m slow`` walks them all.
 """
 
 from __future__ import annotations
@@ -16,36 +17,56 @@ import pytest
 pytest.importorskip("transformers", reason="builds tiny transformers models")
 
 import transformers
+from huggingface_hub.errors import StrictDataclassClassValidationError
 from packaging.version import Version
 
 import _hf_model_walk as walk
+import posenc
+from posenc.hf.patch_rotation import rotation_methods
 
-_FLA = "its linear-attention layers run flash-linear-attention's Triton kernels, which need a GPU"
-_MLA_INDEXER = "the tiny MLA sizes do not fit its sparse-attention indexer"
+# families the walk does not build, each with the error that building or running it raises
+# (model_type -> exception, message pattern, reason); test_each_exclusion_raises_its_error
+# proves every one
 NOT_BUILT = {
-    "bamba": "Mamba head sizes tied to the hidden size",
-    "zaya": "needs num_experts_per_tok=1 and its own expert layout",
-    "granitemoehybrid": "Mamba head sizes tied to the hidden size",
-    "blt": "its byte-patch encoder takes over a minute to build on a CPU",
-    "cohere_compass_text": "its default config lacks rope parameters for one layer type",
-    "dbrx": "its nested attn_config is not shrunk by the walk",
-    "dots1": "its default config leaves the MoE sizes unset",
-    "dots3_note_text": "query and key heads must be equal",
-    "gemma3n_text": "its KV-sharing layers must keep their full pattern",
-    "lfm2_moe": "its default config leaves the MoE layout unset",
-    "qwen4_exp_text": "its default config leaves the head sizes unset",
-    "zamba2": "Mamba head sizes tied to the hidden size",
-    "dory": "not in posenc's table (new in transformers 5.24): refused by name",
-    **dict.fromkeys(
-        ("bailing_hybrid", "lara_mini", "olmo_hybrid", "qwen3_5_text", "qwen3_5_moe_text",
-         "qwen3_next"),
-        _FLA,
+    "cohere_compass_text": (
+        KeyError,
+        "full_attention",
+        "its default config has no rope parameters for its full-attention layers, which its "
+        "own rotary module reads",
     ),
-    **dict.fromkeys(
-        ("axk1", "axk2", "beam", "deepseek_v32", "glm_moe_dsa", "longcat_flash"), _MLA_INDEXER
+    "qwen4_exp_text": (
+        TypeError,
+        r"unsupported operand type\(s\) for //: 'NoneType'",
+        "its default config leaves the sparse indexer's sizes unset",
     ),
-    "hrm_text": "its recurrent cache does not take transformers' generate loop",
-}  # fmt: skip
+    "dbrx": (
+        AttributeError,
+        "'DbrxAttentionConfig' object has no attribute 'rope_theta'",
+        "rebuilt from the shrunk dict, its nested attn_config lacks the rope_theta that "
+        "transformers reads",
+    ),
+    "gemma3n_text": (
+        ValueError,
+        "layer types producing a cache is different",
+        "its KV-sharing layers need the full layer pattern, which two layers cut",
+    ),
+    "dory": (
+        StrictDataclassClassValidationError,
+        r"n_input_layers \+ n_recurrent_layers \+ n_output_layers",
+        "its input + recurrent + output layer counts (8 + 8 by default) must sum to the layers",
+    ),
+    "dots3_note_text": (
+        StrictDataclassClassValidationError,
+        "num_key_value_heads must match num_attention_heads",
+        "its config class ties the key heads and the sliding layers' head sizes to the full "
+        "model's",
+    ),
+    "hrm_text": (
+        IndexError,
+        "list index out of range",
+        "transformers' generate fails on its recurrent cache",
+    ),
+}
 # families whose positions differ from one rotary table per layer type: patch refuses them
 # by name (their layer plans are still checked)
 PATCH_REFUSED = {
@@ -53,6 +74,12 @@ PATCH_REFUSED = {
     "granitemoe_swa": "a RoPE base per layer (layer_rope_theta)",
     "deepseek_v4": "main and compressed-attention rotations per layer",
     "moshi": "two rotary modules (the depth decoder has its own)",
+    "qwen3_5_text": "M-RoPE over three position axes (qwen3_5_mrope)",
+    "qwen3_5_moe_text": "M-RoPE over three position axes (qwen3_5_mrope)",
+    # no rotary module at all in the default config (NoPE): nothing to patch
+    "granitemoehybrid": "position_embedding_type None: no rotary_emb",
+    "zamba2": "use_mem_rope False: no rotary_emb",
+    "lfm2_moe": "its rotary module is named pos_emb, not rotary_emb",
 }
 # refused only on older releases (the reason): GPT-J and CodeGen rotate inside their
 # attention modules, without a rotary_emb, before transformers 5.24
@@ -71,19 +98,31 @@ def _marks(model_type: str) -> list:
 @pytest.mark.parametrize("model_type", [pytest.param(f, marks=_marks(f)) for f in FAMILIES])
 def test_layers_and_patch_match_the_real_model(model_type):
     if model_type in NOT_BUILT:
-        pytest.skip(NOT_BUILT[model_type])
+        pytest.skip(NOT_BUILT[model_type][2])
     model = walk.build(model_type)
-    try:
-        problems = walk.check_family(model_type, model)
-    except walk.Refused as exc:  # refused by name: never a wrong encoding
-        pytest.skip(f"layer_plan refuses {model_type}: {exc}")
-    assert problems == [], problems
-    older = Version(transformers.__version__) < Version("5.24")
-    if model_type in PATCH_REFUSED or (older and model_type in REFUSED_BEFORE_5_24):
-        with pytest.raises(walk.Refused, match=r"not supported by posenc\.hf\.patch"):
+    with walk.pytorch_fallbacks(model):
+        try:
+            problems = walk.check_family(model_type, model)
+        except walk.Refused as exc:  # refused by name: never a wrong encoding
+            pytest.skip(f"layer_plan refuses {model_type}: {exc}")
+        assert problems == [], problems
+        older = Version(transformers.__version__) < Version("5.24")
+        if model_type in PATCH_REFUSED or (older and model_type in REFUSED_BEFORE_5_24):
+            with pytest.raises(walk.Refused, match=r"not supported by posenc\.hf\.patch"):
+                walk.check_patch(model_type, model)
+            return
+        assert walk.check_patch(model_type, model) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", sorted(NOT_BUILT))
+def test_each_exclusion_raises_its_error(model_type):
+    error, pattern, _ = NOT_BUILT[model_type]
+    with pytest.raises(error, match=pattern):
+        model = walk.build(model_type)
+        with walk.pytorch_fallbacks(model):
+            walk.check_family(model_type, model)
             walk.check_patch(model_type, model)
-        return
-    assert walk.check_patch(model_type, model) == []
 
 
 def test_the_lists_name_walked_families():
@@ -92,3 +131,37 @@ def test_the_lists_name_walked_families():
     assert set(NOT_BUILT) <= set(FAMILIES), sorted(set(NOT_BUILT) - set(FAMILIES))
     assert set(PATCH_REFUSED) <= set(FAMILIES), sorted(set(PATCH_REFUSED) - set(FAMILIES))
     assert set(SAMPLE) <= set(FAMILIES), sorted(set(SAMPLE) - set(FAMILIES))
+
+
+def _rotating(plan) -> list[int]:
+    return [i for i, encoding in enumerate(plan) if not isinstance(encoding, posenc.NoPE)]
+
+
+def test_mllama_cross_attention_layers_do_not_rotate():
+    """Llama 3.2 Vision: the layers of ``cross_attention_layers`` attend to the image and
+    call no rotation (the class's methods name none); the others rotate."""
+    from transformers.models.mllama import modeling_mllama as m
+
+    assert rotation_methods(m.MllamaTextCrossAttention) == {}
+    assert rotation_methods(m.MllamaTextSelfAttention) != {}
+    text = transformers.MllamaTextConfig(num_hidden_layers=6, cross_attention_layers=[1, 4])
+    raw = {k: v for k, v in text.to_dict().items() if k != "cross_attention_layers"}
+    default = transformers.MllamaTextConfig()  # cross-attention at 3, 8, ..., 38 of 40
+    for config, cross in (
+        (text, [1, 4]),
+        (transformers.MllamaConfig(text_config=text.to_dict()), [1, 4]),
+        (default, default.cross_attention_layers),
+        ({**raw, "num_hidden_layers": 40}, default.cross_attention_layers),
+    ):
+        plan = posenc.hf.layer_plan(config)
+        assert _rotating(plan) == [i for i in range(len(plan)) if i not in cross]
+
+
+def test_lara_mini_rotates_its_sliding_layers_only():
+    """Lara Mini: the model hands position embeddings to its sliding-window layers only;
+    its full-attention layers are NoPE and its linear-attention layers have no scores."""
+    config = transformers.LaraMiniConfig(num_hidden_layers=10)
+    sliding = [i for i, kind in enumerate(config.layer_types) if kind == "sliding_attention"]
+    assert {"full_attention", "linear_attention"} <= set(config.layer_types)
+    assert _rotating(posenc.hf.layer_plan(config)) == sliding
+    assert _rotating(posenc.hf.layer_plan(config.to_diff_dict())) == sliding

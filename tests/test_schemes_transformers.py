@@ -242,16 +242,21 @@ def test_ministral3_rope_and_temperature():
     _assert_pair(enc.rotate(q, k, pos, pos), (q_ref, k_ref))
 
 
-def test_llama4_nope_layer_temperature():
-    """Llama 4's NoPE-layer query scale, read from its attention forward."""
-    from transformers.models.llama4 import modeling_llama4 as m
-
-    config = transformers.Llama4TextConfig(
+def _llama4_nope_config():
+    """A tiny Llama 4 whose last layer is NoPE with a temperature stepping every 4 tokens."""
+    return transformers.Llama4TextConfig(
         hidden_size=32, num_attention_heads=H, num_key_value_heads=H, head_dim=16,
         num_hidden_layers=4, attn_temperature_tuning=True, attn_scale=0.3, floor_scale=4,
         no_rope_layers=[1, 1, 1, 0], intermediate_size=16, intermediate_size_mlp=16,
         vocab_size=32, use_qk_norm=False,
     )  # fmt: skip
+
+
+def test_llama4_nope_layer_temperature():
+    """Llama 4's NoPE-layer query scale, read from its attention forward."""
+    from transformers.models.llama4 import modeling_llama4 as m
+
+    config = _llama4_nope_config()
     config._attn_implementation = "eager"
     attn = m.Llama4TextAttention(config, layer_idx=3).eval()
     enc = build_scheme("temperature", config.to_dict(), layer_idx=3)
@@ -272,6 +277,50 @@ def test_llama4_nope_layer_temperature():
     q = attn.q_proj(x).view(B, 12, H, 16).transpose(1, 2)
     k = attn.k_proj(x).view(B, 12, H, 16).transpose(1, 2)
     _assert_pair(enc.rotate(q, k, torch.arange(12), torch.arange(12)), (captured["q"], k))
+
+
+def _llama4_nope_temperature_model():
+    torch.manual_seed(0)
+    return transformers.Llama4ForCausalLM(_llama4_nope_config()).eval()
+
+
+def test_patched_llama4_equals_the_model_under_explicit_positions():
+    """transformers scales Llama 4's NoPE-layer queries by the token index, posenc's
+    ``PositionTemperature`` by the positions it is given; ``patch`` keeps the model's own
+    scale, so the patched model equals it with ``position_ids`` far from the token index, in
+    a forward and in a cached step (where posenc's scale at those positions is not the token
+    index's)."""
+    model = _llama4_nope_temperature_model()
+    ids = (torch.arange(12) * 5 % 32)[None]
+    positions = 5000 + 3 * torch.arange(12)[None]  # [1, T]
+    temperature = posenc.hf.layer_plan(model.config)[3]
+    ones = torch.ones(1, 1, 12, 1)
+
+    def scale(pos):
+        return temperature.rotate(ones, ones, pos, pos)[0].flatten()
+
+    assert isinstance(temperature, PositionTemperature)
+    assert (scale(positions[0]) - scale(torch.arange(12))).abs().min() > 0.5
+
+    def run():
+        with torch.no_grad():
+            full = model(input_ids=ids, position_ids=positions).logits
+            cache = model(input_ids=ids[:, :8], position_ids=positions[:, :8], use_cache=True)
+            step = model(
+                input_ids=ids[:, 8:9], position_ids=positions[:, 8:9], cache=cache.cache
+            ).logits
+        return full, step
+
+    want = run()
+    assert want[1].shape == (1, 1, 32)  # one cached step
+    posenc.hf.patch(model)
+    try:
+        got = run()
+    finally:
+        posenc.hf.unpatch(model)
+    tol = tolerances(torch.float32, ops=16 + 8 * int(positions.max()))
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, **tol)
 
 
 # --------------------------------------------------------------------------- MLA

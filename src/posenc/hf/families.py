@@ -18,11 +18,13 @@ Shapes: ``D`` head_dim, ``R`` rotary dim. One ``Family`` per ``model_type`` says
   proportional p-RoPE, position temperature);
 * ``layers``: the per-layer rule of ``posenc.hf.layer_plan``: ``"no_rope_layers"`` (Llama 4,
   SmolLM3: 0 marks a NoPE layer), ``"sliding_rope"`` (Cohere2, Flint: only sliding-window
-  layers rotate), ``"local_rope"`` (AFMoE), ``"sliding_rope_or_all"`` (EXAONE 4),
+  layers rotate), ``"local_rope"`` (AFMoE, Lara Mini), ``"sliding_rope_or_all"`` (EXAONE 4),
   ``"sliding_rope_dense"`` (Cohere2-MoE), ``"layer_rope_theta"`` (Granite SWA: a base per
   layer, 0 for NoPE), ``"rope_scaling_layers"`` (Molmo 2: the scaling only on the listed
-  layers); ``posenc.hf.layers`` says each rule, written from the family's attention code
-  (which layers call the rotation) and checked layer by layer against the real model;
+  layers), ``"cross_attention_layers"`` (Llama 3.2 Vision: the listed layers attend to the
+  image, unrotated); ``posenc.hf.layers`` says each rule, written from the family's
+  attention code (which layers call the rotation) and checked layer by layer against the
+  real model;
 * ``fields``: the family's own position fields that posenc reads. Any other config field
   whose name mentions rope/rotary/positions with a value set raises ``ValueError``;
 * ``clockwise``: pairs rotate by ``-theta`` (NanoChat's ``rotate_half`` flips the signs;
@@ -106,13 +108,13 @@ GPTJ = Family(
 _HALF_SPLIT = """
 apertus arcee aria_text bamba bitnet chameleon csm cwm deepseek_ocr2_text diffllama
 doge dots1 dots3_note_audio_encoder eurobert falcon apertus1p5_text
-falcon_h1 flex_olmo lara_mini gemma gemma2 gpt_neox gpt_neox_japanese gradium_phonon_tts
+falcon_h1 flex_olmo gemma gemma2 gpt_neox gpt_neox_japanese gradium_phonon_tts
 granite
-granite4_vision_text granite_docling_text granitemoe granitemoehybrid granitemoeshared gte
+granite4_vision_text granite_docling_text granitemoe granitemoeshared gte
 higgs_audio_v2 hrm_text hy_v3 hyperclovax idefics jais2
 jina_embeddings_v3 exaone internlm3 iquestcoder sarvam_moe kyutai_speech_to_text laguna
 lasr_encoder lfm2 lfm2_moe llama
-mellum mimi mimo_v2_flash minimax minimax_m2 ministral mistral mixtral mllama_text_model
+mellum mimi mimo_v2_flash minimax minimax_m2 ministral mistral mixtral
 modernbert modernbert-decoder molmo2_text moshi muse_glimmer_assistant nemotron
 nemotron3_5_transcribe_asr_audio neucodec nomic_bert olmo olmo2 olmo3 olmo_hybrid olmoe
 persimmon phi phi3 phi4_multimodal phimoe pocket_tts pocket_tts_audio_tokenizer qwen2
@@ -197,10 +199,14 @@ FAMILIES: dict[str, Family] = {
     "cohere2": Family(layout="interleaved", layers="sliding_rope"),
     "cohere2_moe": Family(layout="interleaved", layers="sliding_rope_dense"),
     "flint": Family(layers="sliding_rope"),
-    "afmoe": Family(layers="local_rope"),
+    **dict.fromkeys(("afmoe", "lara_mini"), Family(layers="local_rope")),
+    "mllama_text_model": Family(
+        layers="cross_attention_layers", fields=frozenset({"cross_attention_layers"})
+    ),
     **dict.fromkeys(("exaone4", "exaone_moe", "kolibri1"), Family(layers="sliding_rope_or_all")),
     "dbrx": Family(head_dim=(), hidden="d_model", heads="n_heads"),
     "jetmoe": Family(head_dim=("kv_channels",), fields=frozenset({"kv_channels"})),
+    "granitemoehybrid": Family(fields=frozenset({"position_embedding_type"})),
     "zamba2": Family(head_dim=("attention_head_dim",), fields=frozenset({"use_mem_rope"})),
     "moonshine": Family(layout="interleaved", heads="encoder_num_attention_heads"),
     "dots3_note_text": Family(
@@ -315,7 +321,7 @@ def check_position_fields(cfg: Mapping[str, Any], fam: Family) -> None:
     """
     _check_fields(cfg, fam, cfg.get("model_type"), "")
     kind = cfg.get("position_embedding_type")
-    if "position_embedding_type" in fam.fields and kind not in (None, "rotary"):
+    if "position_embedding_type" in fam.fields and kind not in (None, "rotary", "rope"):
         raise ValueError(f"position_embedding_type={kind!r} is not rotary; this config has no RoPE")
 
 

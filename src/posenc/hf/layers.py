@@ -8,9 +8,15 @@ layers with base 1e6 and a scaling):
 * ``"no_rope_layers"`` (Llama 4, SmolLM3): ``no_rope_layers[i] == 0`` marks a NoPE layer;
   an empty list means every ``no_rope_layer_interval``-th layer (``(i + 1) % n == 0``).
   Llama 4 scales the queries of its NoPE layers by position (``attn_temperature_tuning``):
-  that layer is the ``"temperature"`` scheme of ``posenc.hf.schemes``;
+  that layer is the ``"temperature"`` scheme of ``posenc.hf.schemes``, a
+  ``PositionTemperature`` of the positions it is given, where transformers takes the token
+  index (``posenc.encodings.rotary.temperature`` says when they differ);
 * ``"sliding_rope"`` (Cohere2): only ``sliding_attention`` layers rotate, the others are NoPE;
-* ``"layer_rope_theta"`` (Granite SWA): ``layer_rope_theta[i]`` is layer ``i``'s base, 0 NoPE.
+* ``"layer_rope_theta"`` (Granite SWA): ``layer_rope_theta[i]`` is layer ``i``'s base, 0 NoPE;
+* ``"cross_attention_layers"`` (Llama 3.2 Vision, ``mllama``): the listed layers are
+  cross-attention from the text to the image, which transformers never rotates
+  (``MllamaTextCrossAttention`` takes no position embeddings; without an image the text
+  model skips those layers): NoPE.
 
 Layer types come from ``layer_types``, or (a v4 Gemma 3 ``config.json``) from
 ``sliding_window_pattern``: layer ``i`` is full attention when ``(i + 1) % pattern == 0``.
@@ -61,9 +67,33 @@ def _layer_override(cfg: Mapping[str, Any], fam: Family, index: int) -> dict[str
         return {"rope_theta": theta} if theta else None
     if fam.layers in ("sliding_rope", "local_rope", "sliding_rope_or_all", "sliding_rope_dense"):
         return {} if _rotates(cfg, fam.layers, index) else None
+    if fam.layers == "cross_attention_layers":
+        return None if index in _cross_attention_layers(cfg) else {}
     if fam.layers == "rope_scaling_layers" and index not in (cfg.get("rope_scaling_layers") or ()):
         return {"rope_type": "default"}  # the base and partial rotary stay, the scaling goes
     return {}
+
+
+#: families whose code rotates only when a config field has a value: ``(field, value)``
+#: (Zamba2's shared attention with ``use_mem_rope``; Granite 4 hybrids default to NoPE)
+ROPE_SWITCHES = {
+    "zamba2": ("use_mem_rope", True),
+    "granitemoehybrid": ("position_embedding_type", "rope"),
+}
+
+#: ``MllamaTextConfig``'s cross-attention layers when the config leaves them out
+MLLAMA_CROSS_ATTENTION = (3, 8, 13, 18, 23, 28, 33, 38)
+
+
+def _cross_attention_layers(cfg: Mapping[str, Any]) -> tuple[int, ...]:
+    layers = cfg.get("cross_attention_layers")
+    if layers is None:
+        return MLLAMA_CROSS_ATTENTION
+    if not isinstance(layers, (list, tuple)):
+        raise TypeError(
+            f"cross_attention_layers must be a list of layer indices, got {layers!r:.80}"
+        )
+    return tuple(check_int("cross_attention_layers[]", i, minimum=0) for i in layers)
 
 
 def _rotates(cfg: Mapping[str, Any], rule: str, index: int) -> bool:
@@ -178,10 +208,13 @@ def from_hf_config(
     if stack is not None:
         raise ValueError(f"stack={stack!r} applies to the non-rotary encoder-decoder families")
     cfg, fam = config_family(config)
+    if layer_idx is not None and not _attends(_text_part(cfg), layer_idx):
+        return NoPE()  # a linear-attention, recurrent or state-space layer: no q.k scores
+    switch = ROPE_SWITCHES.get(str(cfg.get("model_type")))
+    if switch is not None and cfg.get(switch[0]) != switch[1]:
+        return NoPE()  # the family's own code builds no rotary module
     if fam.scheme is not None:
         return _scheme(fam.scheme, cfg, layer_type, layer_idx)
-    if layer_idx is not None and not _attends(cfg, layer_idx):
-        return NoPE()  # a linear-attention, recurrent or state-space layer: no q.k scores
     layer_type = _resolve_layer(cfg, layer_type, layer_idx)
     if fam.layers is not None:
         if layer_idx is None:
@@ -213,7 +246,11 @@ NON_ATTENTION = frozenset(
 
 
 def _attends(cfg: Mapping[str, Any], index: int) -> bool:
-    """Whether layer ``index`` has attention (``block_types`` repeats over the layers)."""
+    """Whether layer ``index`` has attention (``block_types`` repeats over the layers; Bamba
+    lists its attention layers in ``attn_layer_indices``, the others are Mamba)."""
+    indices = cfg.get("attn_layer_indices")
+    if isinstance(indices, list):
+        return index in indices
     kinds = cfg.get("layer_types") or cfg.get("block_types")
     if not kinds or not isinstance(kinds, list):
         return True
@@ -243,11 +280,16 @@ def layer_plan(config: object) -> list[PositionalEncoding]:
             "per layer: use posenc.from_hf_config(config, layer_idx=...)"
         )
     cfg, fam = config_family(config)
-    counted = cfg  # a scheme's composite config counts the layers of its text part
-    while "num_hidden_layers" not in counted:  # Omni: thinker_config, then its text_config
-        sub = next((counted[k] for k in SUB_CONFIGS if counted.get(k) is not None), None)
+    source = cfg if fam.scheme is None else as_config_dict(config)  # read once, not per layer
+    return [from_hf_config(source, layer_idx=i) for i in range(_num_layers(_text_part(cfg)))]
+
+
+def _text_part(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The part of a scheme's composite config that holds its text layers (Omni:
+    ``thinker_config``, then its ``text_config``); ``cfg`` itself when it has them."""
+    while "num_hidden_layers" not in cfg:
+        sub = next((cfg[k] for k in SUB_CONFIGS if cfg.get(k) is not None), None)
         if sub is None:
             break
-        counted = as_config_dict(sub)
-    source = cfg if fam.scheme is None else as_config_dict(config)  # read once, not per layer
-    return [from_hf_config(source, layer_idx=i) for i in range(_num_layers(counted))]
+        cfg = as_config_dict(sub)
+    return cfg

@@ -13,7 +13,17 @@ the softmax over long contexts; keys are unchanged. Transformers' forms:
 * Ministral 3 / Mistral 4 (every layer, with RoPE): ``beta = llama_4_scaling_beta``,
   ``length = original_max_position_embeddings`` of ``rope_parameters``, ``offset = 0``;
 * Llama 4 (its NoPE layers, when ``attn_temperature_tuning``): ``beta = attn_scale``,
-  ``length = floor_scale``, ``offset = 1``, at the token's index in the sequence.
+  ``length = floor_scale``, ``offset = 1``.
+
+Which position: posenc scales a query by the position it is given (``q_pos``), as it
+rotates it. transformers' Llama 4 takes the token index instead (the cache length plus
+``0..T-1``), whatever ``position_ids`` the model gets; the two agree when the positions are
+the token indices (transformers' default), and differ by ``beta ln 2`` relative where one
+crosses a multiple of ``length`` and the other does not (``position_ids`` shifted by 6: from
+token 8186, ``floor_scale`` 8192). To reproduce transformers under other positions, pass the
+token indices as ``q_pos``. ``posenc.hf.patch`` replaces only a model's rotation and leaves
+this scale to the model's own attention code, so a patched Llama 4 equals the model under
+any ``position_ids``.
 
 A scalar per query commutes with any rotation, so ``Compose([rope, temperature])`` gives
 the same queries in either order. The scale is computed in float64 and the product
