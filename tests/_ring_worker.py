@@ -26,14 +26,15 @@ import torch.distributed as dist
 import posenc
 from _build import SHORT, positions_for
 from posenc.attention import DEFAULT_BLOCK_SIZE, Masking, attend, repeat_kv
-from posenc.parallel import contiguous_layout, head_tail_layout, thd_layout
+from posenc.parallel import ShardLayout, contiguous_layout, head_tail_layout, thd_layout
 from posenc.parallel._ring_encodings import REFUSED
 from posenc.parallel.ring import ring_attention
 from posenc.parallel.ring_module import ring_context
 
 B, H, HKV, D = 2, 4, 2, 8
 LAYOUTS = ("contiguous", "head_tail", "packed")
-#: Encodings also run with positions ``[B, T]`` (each batch row shifted).
+#: Encodings also run with positions ``[B, T]`` (each batch row shifted), and on a shuffled
+#: layout (a seeded permutation of the tokens, dealt to the ranks).
 #: Beyond the registry: a composition, and a bias without parameters to train (whose
 #: backward, as RoPE's and ALiBi's, runs PyTorch's fused CPU kernel).
 EXTRA = ("rope+alibi", "t5-frozen")
@@ -53,6 +54,9 @@ def layout(name: str, world: int, rank: int):
         return contiguous_layout(t, world, rank), None
     if name == "head_tail":
         return head_tail_layout(t, world, rank), None
+    if name == "shuffled":  # any layout: a seeded permutation, unsorted within each rank
+        mine = torch.randperm(t, generator=torch.Generator().manual_seed(3))[rank::world]
+        return ShardLayout(t, world, rank, mine, mine.clone()), None
     cu = torch.tensor([0, t // 2, 3 * t // 4, t])  # three documents, lengths multiples of 2N
     docs = torch.repeat_interleave(torch.arange(3), cu[1:] - cu[:-1])
     return thd_layout(cu, world, rank), docs.expand(B, t)
@@ -175,8 +179,12 @@ def grid(world: int, rank: int) -> dict[str, float]:
         out[f"{name}-float32"] = compare(name, "head_tail", True, torch.float32, world, rank)
     for name in BATCHED:
         for causal in (True, False):
-            case = f"{name}-batched-{'causal' if causal else 'bidirectional'}"
+            mask = "causal" if causal else "bidirectional"
+            case = f"{name}-batched-{mask}"
             out[case] = compare(name, "head_tail", causal, torch.float64, world, rank, shift=3)
+            out[f"{name}-shuffled-{mask}"] = compare(
+                name, "shuffled", causal, torch.float64, world, rank, block_size=3
+            )
     return out
 
 

@@ -4,12 +4,13 @@ and gradients for every encoding it takes, and refuses the others by name.
 Gloo ranks on the CPU run ``tests/_ring_worker.py``: every encoding (and RoPE + ALiBi, a
 frozen T5) x (contiguous, head-tail, per-document packed) x (causal, bidirectional with
 sinks), grouped key/value heads, in float64 (to rounding) with blocks of 3 queries within a
-pair (ragged blocks of a shard of 8 or 16); a few in float32, and with positions ``[B, T]``,
-in one block. The forward runs PyTorch's fused CPU kernel except for Shaw (a value term),
-the backward except for the encodings with parameters to train or content in their bias.
-Bad shards raise the same error on every rank; ``ring_context`` runs ``MultiHeadAttention``
-by the ring; a causal block that no query of a rank sees is not computed. Two ranks run by
-default, four under ``slow``.
+pair (ragged blocks of a shard of 8 or 16); some also on a shuffled layout (any permutation
+of the tokens); a few in float32, and with positions ``[B, T]``, in one block. The forward
+runs PyTorch's fused CPU kernel except for Shaw (a value term), the backward except for the
+encodings with parameters to train or content in their bias. Bad shards raise the same
+error on every rank; ``ring_context`` runs ``MultiHeadAttention`` by the ring; a causal
+block that no query of a rank sees is not computed. Two ranks run by default, four under
+``slow``.
 """
 
 from __future__ import annotations
@@ -38,7 +39,12 @@ def _cases() -> list[str]:
         for where in LAYOUTS
         for mask in ("causal", "bidirectional")
     ]
-    out += [f"{name}-batched-{mask}" for name in BATCHED for mask in ("causal", "bidirectional")]
+    out += [
+        f"{name}-{kind}-{mask}"
+        for name in BATCHED
+        for kind in ("batched", "shuffled")
+        for mask in ("causal", "bidirectional")
+    ]
     return out + [f"{name}-float32" for name in FLOAT32]
 
 
