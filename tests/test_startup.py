@@ -8,10 +8,13 @@ code that needs them. No test times anything.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -63,3 +66,28 @@ def test_a_command_loads_only_what_it_uses(argv, not_loaded):
         f"    main({argv!r})"
     )
     assert _loaded(code, *not_loaded) == dict.fromkeys(not_loaded, False)
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_a_first_kernel_build_says_so_in_one_line(tmp_path, monkeypatch, capfd, fails):
+    """The compile (here a stand-in for ``cpp_extension.load``) is announced on stderr, in
+    one line that ends with the seconds it took, also when it fails."""
+    from torch.utils import cpp_extension
+
+    from posenc.encodings.rotary import cpu_kernel
+
+    def load(*, name: str, build_directory: str, **_: object) -> None:
+        if fails:
+            raise RuntimeError("no compiler")
+        (Path(build_directory) / f"{name}.so").write_bytes(b"library")
+
+    monkeypatch.setattr(cpp_extension, "load", load)
+    folder = os.open(tmp_path, os.O_RDONLY)
+    try:
+        with contextlib.nullcontext() if not fails else pytest.raises(RuntimeError):
+            cpu_kernel._compile(tmp_path, folder, tmp_path / f"{cpu_kernel.NAME}.so")
+    finally:
+        os.close(folder)
+    err = capfd.readouterr().err
+    assert re.fullmatch(r"posenc: compiling the CPU RoPE kernel into \S+ \.\.\. \d+ s\n", err)
+    assert (tmp_path / f"{cpu_kernel.NAME}.so").exists() is not fails

@@ -36,12 +36,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import logging
 import os
 import platform
 import shutil
 import sys
 import tempfile
+import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -65,8 +65,6 @@ NAME = "posenc_rope_cpu"
 _BASE_FLAGS = ("-O3", "-fopenmp", "-ffp-contract=off", "-fno-tree-slp-vectorize")
 _NATIVE = ("-march=native",) if platform.machine().lower() in ("x86_64", "amd64") else ()
 _DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
-
-_log = logging.getLogger("posenc")
 
 
 def _flags() -> list[str]:
@@ -131,8 +129,9 @@ def _compile(directory: Path, folder: int, library: Path) -> None:
     from torch.utils import cpp_extension
 
     scratch = Path(tempfile.mkdtemp(prefix=".build-", dir=directory))
+    start = time.monotonic()  # one line on stderr: a first build takes 10 s to minutes
+    print(f"posenc: compiling the CPU RoPE kernel into {directory} ...", end="", file=sys.stderr)
     try:
-        _log.info("posenc: compiling the CPU RoPE kernel into %s", directory)
         flags = _flags()
         sanitizers = [f for f in flags if f.startswith("-fsanitize")]
         cpp_extension.load(
@@ -147,6 +146,7 @@ def _compile(directory: Path, folder: int, library: Path) -> None:
         torch.ops.loaded_libraries.discard(os.path.realpath(scratch / library.name))
         kernel_cache.record(scratch / library.name, folder)
     finally:
+        print(f" {time.monotonic() - start:.0f} s", file=sys.stderr)
         shutil.rmtree(scratch, ignore_errors=True)
 
 
