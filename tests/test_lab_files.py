@@ -211,7 +211,11 @@ def test_worker_processes_give_the_numbers_of_one_process(tmp_path, capsys):
     number equals the one-process sweep's."""
     options = ["--encodings", "alibi", "--seeds", "2"]
     assert lab(tmp_path / "one", *options, "--jobs", "1") == 0
+    capsys.readouterr()
     assert lab(tmp_path / "two", *options, "--jobs", "2") == 0
+    said = capsys.readouterr().out
+    assert said.index("run 2/2 started") < said.index("run 1/2 finished")  # both at once
+    assert said.index("run 2/2 started") < said.index("run 2/2 finished")
     one, two = results(tmp_path / "one")["runs"], results(tmp_path / "two")["runs"]
     assert [r["seed"] for r in two] == [0, 1]
     assert [r["rows"] for r in one] == [r["rows"] for r in two]

@@ -262,7 +262,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="where to train: auto (default) picks CUDA when available",
     )
     p.add_argument(
-        "--no-progress", action="store_true", default=None, help="hide the progress bars"
+        "--no-progress",
+        action="store_true",
+        default=None,
+        help="hide the progress bars of a terminal (the line at each run's start and end, "
+        "with the time left, stays)",
     )
     p.set_defaults(func=run)
 

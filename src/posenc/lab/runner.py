@@ -11,7 +11,8 @@ trains its runs alone, one per process at a time); with one seed the processes t
 each run together, data-parallel (``posenc.lab.distributed``). Without ``torchrun``,
 ``jobs > 1`` spreads the runs over that many local worker processes (``posenc.lab.jobs``).
 Spread runs are taken longest first (``posenc.lab.jobs.longest_first``); the numbers of a
-run do not depend on where or when it runs.
+run do not depend on where or when it runs. Each run's start and end is said in a line
+with the time since the start and an estimate of the time left (``posenc.lab.progress``).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from posenc.lab import plots, report
 from posenc.lab.config import LabConfig
 from posenc.lab.distributed import Context, init_context
-from posenc.lab.jobs import longest_first, run_in_processes
+from posenc.lab.jobs import longest_first, run_cost, run_in_processes
+from posenc.lab.progress import RunLog
 from posenc.lab.results import (
     check_identity,
     environment,
@@ -116,7 +118,8 @@ def run_lab(
         console: where progress and the table go (rank 0 only).
         threads: torch CPU threads per process (``None``: keep torch's setting).
         device: ``"auto"``, ``"cpu"`` or ``"cuda"``.
-        progress: show progress bars.
+        progress: show progress bars on a terminal (each run's start and end is said
+            in a line on any output, ``posenc.lab.progress``).
         sweep_file: the text of the ``--config`` file, saved as ``sweep.toml``.
         jobs: local worker processes, each with ``threads`` threads (ignored under
             ``torchrun``).
@@ -159,9 +162,14 @@ def run_lab(
             todo = longest_first(todo, config)
         if _spread(context, config):
             todo, local = todo[context.rank :: context.world], Context(device=context.device)
-        bars = _progress(console, progress and context.is_main)
+        bars = _progress(console, progress and context.is_main and console.is_terminal)
         runner = Runner(config, work, local, out, bars, identity)
-        if jobs > 1 and context.world == 1 and len(todo) > 1:
+        workers = jobs > 1 and context.world == 1 and len(todo) > 1
+        log = None
+        if context.is_main:  # a line at each run's start and end, on any output
+            costs = {key: run_cost(key[0], config) for key in todo}
+            log = RunLog(console, costs, slots=jobs if workers else 1)
+        if workers:
             threads = threads or torch.get_num_threads()
             records = run_in_processes(config, out, identity, todo, jobs=jobs, threads=threads,
                                        device=context.device)  # fmt: skip
@@ -178,8 +186,8 @@ def run_lab(
                     if context.is_main:
                         partial = merged(config, work, context, runs, "running", identity)
                         _publish(out, partial, figures=False)
-                        if jobs > 1 and progress:
-                            console.print(f"finished {run_name(*key)} ({record.get('seconds')} s)")
+                    if log is not None:
+                        log.finished(record)
             status = "complete"
         finally:
             if _spread(context, config) and status == "complete":
