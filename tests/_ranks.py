@@ -2,7 +2,8 @@
 
 ``run_ranks(worker, world, *args)`` starts ``python worker RANK WORLD PORT OUT.json *args``
 for each rank (``OMP_NUM_THREADS=1``, a free port), waits for all of them with a timeout so
-that a failure never hangs the suite, and returns the JSON rank 0 wrote.
+that a failure never hangs the suite, and returns the JSON rank 0 wrote; a worker may write it
+with ``write_gathered``.
 """
 
 from __future__ import annotations
@@ -50,3 +51,13 @@ def run_ranks(worker: Path, world: int, *args: str, timeout: float = 300) -> obj
                     proc.kill()
                     proc.communicate()
         return json.loads(out.read_text(encoding="utf-8"))
+
+
+def write_gathered(found: object, out: Path) -> None:
+    """Worker side: gather every rank's ``found`` (JSON-able) on rank 0, which writes the list."""
+    import torch.distributed as dist
+
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, found)
+    if dist.get_rank() == 0:
+        out.write_text(json.dumps(gathered), encoding="utf-8")

@@ -8,7 +8,6 @@ positions from ``posenc.parallel``) and the unsplit attention.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import posenc
+from _ranks import write_gathered
 from posenc.parallel import head_tail_layout
 
 B, H, T, D = 1, 2, 256, 8  # the block mask needs T divisible by world * 128
@@ -91,10 +91,7 @@ def main(rank: int, world: int, port: str, out: Path) -> None:
     q, k, v = (torch.randn(B, H, T, D, generator=gen) for _ in range(3))
     found = {"sdpa_error": _sdpa_error(mesh, q, k, v)}
     found["flex_difference"] = _flex_difference(mesh, rank, world, q, k, v)
-    gathered = [None] * world
-    dist.all_gather_object(gathered, found)
-    if rank == 0:
-        out.write_text(json.dumps(gathered), encoding="utf-8")
+    write_gathered(found, out)
     dist.destroy_process_group()
 
 

@@ -7,7 +7,6 @@ rank 0 writes every rank's largest differences (0 where the values must be equal
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 import posenc
+from _ranks import write_gathered
 from posenc.parallel import head_tail_layout, torchtitan_freqs_cis
 
 B, T, H, D = 2, 32, 2, 16
@@ -58,10 +58,7 @@ def main(rank: int, world: int, port: str, out: Path) -> None:
         .item(),
         "table_vs_complex_rope": (looked_up - theirs).abs().max().item(),
     }
-    gathered = [None] * world
-    dist.all_gather_object(gathered, errors)
-    if rank == 0:
-        out.write_text(json.dumps(gathered), encoding="utf-8")
+    write_gathered(errors, out)
     dist.destroy_process_group()
 
 
