@@ -223,6 +223,8 @@ def errors(world: int, rank: int) -> dict[str, list[str]]:
                                for x in (q, k, v))),
         "segment ids": lambda: run(segment_ids=torch.zeros(B, s + odd, dtype=torch.int64)),
     }  # fmt: skip
+    solo = dist.new_group([0])  # every rank takes part in creating it; rank 1 is not in it
+    cases["not in the group"] = lambda: run(group=solo)
     out = {}
     for case, call in cases.items():
         messages = [None] * world

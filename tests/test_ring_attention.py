@@ -98,12 +98,19 @@ BAD = {
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("case", list(BAD))
+@pytest.mark.parametrize("case", sorted(BAD))
 def test_a_bad_shard_raises_the_same_error_on_every_rank(bad_shards, case):
     messages = bad_shards[case]
     assert len(messages) == 2 and messages[0] == messages[1]
     assert messages[0].startswith("ValueError: ring attention: ")
     assert BAD[case] in messages[0]
+
+
+@pytest.mark.distributed
+def test_a_process_outside_the_group_is_told_so(bad_shards):
+    inside, outside = bad_shards["not in the group"]
+    assert inside == ""  # rank 0 alone: a ring of one
+    assert outside.startswith("ValueError: process 1 is not a member of the ring's group")
 
 
 @pytest.mark.distributed

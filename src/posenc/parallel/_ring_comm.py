@@ -84,8 +84,13 @@ class Ring:
                 "ring attention needs an initialized torch.distributed process group "
                 "(torch.distributed.init_process_group)"
             )
-        self.size = dist.get_world_size(self.group)
         self.rank = dist.get_rank(self.group)
+        if self.rank < 0:
+            raise ValueError(
+                f"process {dist.get_rank()} is not a member of the ring's group; call ring "
+                "attention on the ranks of the group only"
+            )
+        self.size = dist.get_world_size(self.group)
         group = self.group if self.group is not None else dist.group.WORLD
         self.next = dist.get_global_rank(group, (self.rank + 1) % self.size)
         self.prev = dist.get_global_rank(group, (self.rank - 1) % self.size)

@@ -16,7 +16,10 @@ query of the rank may see (a later chunk under a causal mask, other documents) i
 computed, only passed on. Rotary encodings (QK site) rotate the local queries and keys at
 their global positions before the ring. The backward runs the ring again: the probabilities
 are recomputed from the saved global log-sum-exp, ``dQ`` stays with the rank and the key
-blocks' ``dK``, ``dV`` travel with them back to their owner.
+blocks' ``dK``, ``dV`` travel with them back to their owner. Each pair is computed
+``block_size`` queries at a time; on the CPU by PyTorch's fused attention kernels where they
+apply (``posenc.parallel._ring_fused``), elsewhere, and on other devices, by the eager
+formula (``posenc.parallel._ring_blocks``; a GPU run is not part of the tests here).
 
 Encodings whose bias of a pair depends on keys outside the pair are refused by name
 (``ValueError``): CoPE (its contextual position sums gates over every key between the query
