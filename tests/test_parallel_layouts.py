@@ -318,3 +318,19 @@ def test_thd_equals_megatron_get_thd_freqs_on_this_cp_rank(rope_utils, size):
             for k, x in enumerate(shards)
         ]
         assert torch.equal(torch.cat(exact), layout.indices)
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_mrope_ids_split_as_megatron_multimodal_rotary_embedding(cpu_megatron, size):
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import (
+        MultimodalRotaryEmbedding,
+    )
+
+    batch, seq_len, section = 2, 8 * size, [2, 3, 3]  # head_dim 16: 8 pairs over 3 axes
+    ids = torch.randint(0, 50, (3, batch, seq_len))
+    mrope = MultimodalRotaryEmbedding(kv_channels=16, rotary_percent=1.0)
+    for rank in range(size):
+        # Megatron: the table of all tokens, then its CP split; posenc: the ids' split first
+        want = mrope.forward(ids, section, cp_group=Group(size, rank))
+        sharded = shard_mrope_positions(ids, head_tail_layout(seq_len, size, rank))
+        assert torch.equal(mrope.forward(sharded, section, cp_group=Group(1, 0)), want)

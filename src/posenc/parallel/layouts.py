@@ -40,7 +40,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # tensors: compare the fields themselves
 class ShardLayout:
     """The tokens rank ``cp_rank`` of ``cp_size`` holds of a sequence of ``seq_len`` tokens.
 
