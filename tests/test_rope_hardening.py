@@ -198,3 +198,79 @@ def test_triton_entry_point_refuses_truthy_non_bools(gen, keyword):
     cos, sin = _tables(gen)
     with pytest.raises(TypeError, match=f"{keyword} must be True or False, got 'no'"):
         posenc.triton.apply_rope(x, cos, sin, **{keyword: "no"})
+
+
+CANONICAL_NAN = {
+    torch.float64: 0x7FF8000000000000,
+    torch.float32: 0x7FC00000,
+    torch.bfloat16: 0x7FC0,
+    torch.float16: 0x7E00,
+}
+BITS = {
+    torch.float64: torch.int64,
+    torch.float32: torch.int32,
+    torch.bfloat16: torch.int16,
+    torch.float16: torch.int16,
+}
+
+
+def _nan_patterns(dtype, gen):
+    """NaNs of ``dtype`` of both signs, quiet and signalling: every one for the 16-bit
+    dtypes, else 4096 random payloads with the smallest and largest."""
+    if dtype.itemsize == 2:
+        values = torch.arange(-(2**15), 2**15).to(torch.int16).view(dtype)
+        return values[values.isnan()]
+    mantissa = 23 if dtype == torch.float32 else 52
+    exponent = ((1 << (8 * dtype.itemsize - 1 - mantissa)) - 1) << mantissa
+    payload = torch.randint(1, 1 << mantissa, (4096,), generator=gen)
+    payload[:2] = torch.tensor([1, (1 << mantissa) - 1])
+    sign = torch.randint(0, 2, (4096,), generator=gen) << (8 * dtype.itemsize - 1)
+    bits = (exponent | payload | sign).to(BITS[dtype])  # wraps into the signed integer
+    assert bits.view(dtype).isnan().all()
+    return bits.view(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_a_nan_result_is_the_canonical_nan_on_both_paths(gen, monkeypatch, dtype, interleaved):
+    """Every NaN pattern paired with a finite value, an infinity and another NaN, and
+    infinities met by a zero cos or sin (inf * 0): NaN exactly where the float64
+    reference is NaN, written as the dtype's canonical quiet NaN by the kernel and by
+    the PyTorch path, out of place, in place and on a strided view; so the two paths give
+    each other's bits."""
+    nans = _nan_patterns(dtype, gen)
+    n = nans.numel()
+    finite = torch.randn(n, generator=gen).to(dtype)
+    inf = torch.tensor([float("inf"), float("-inf")]).to(dtype).repeat(n // 2 + 1)[:n]
+    shuffled = nans[torch.randperm(n, generator=gen)]
+    a, b = torch.cat((nans, finite, nans, inf)), torch.cat((finite, nans, shuffled, finite))
+    half = 40  # two 16-pair vector steps and 8 pairs after them
+    rows = -(-a.numel() // half)
+    pairs = torch.zeros(rows * half, 2, dtype=dtype)
+    pairs[: a.numel(), 0], pairs[: a.numel(), 1] = a, b
+    pairs = pairs.view(1, 1, rows, half, 2)
+    x = pairs.flatten(-2) if interleaved else pairs.transpose(-1, -2).flatten(-2)
+    angles = 6.3 * torch.rand(rows, half, generator=gen, dtype=torch.float64)
+    cos, sin = angles.cos(), angles.sin()
+    cos[:, 0], sin[:, 0], cos[:, 1], sin[:, 1] = 0.0, 1.0, 1.0, 0.0
+    compute = torch.float64 if dtype == torch.float64 else torch.float32
+    cos, sin = cos.to(compute), sin.to(compute)
+    want_nan = _reference(x, cos, sin, interleaved).isnan()
+    strided = torch.empty(*x.shape, 2, dtype=dtype)[..., 0]
+
+    def results():
+        yield apply_rope(x, cos, sin, interleaved=interleaved)
+        yield apply_rope_(x.clone(), cos, sin, interleaved=interleaved)
+        yield apply_rope_(strided.copy_(x), cos, sin, interleaved=interleaved)
+
+    paths = ["kernel", "pytorch"] if cpu_kernel.status() == cpu_kernel.ACTIVE else ["pytorch"]
+    outputs = []
+    for name in paths:
+        if name == "pytorch":
+            monkeypatch.setattr(cpu_kernel, "_load", lambda: (None, "switched off by the test"))
+        outputs += [out.contiguous().view(BITS[dtype]) for out in results()]
+    assert want_nan.sum() > 3 * n
+    for bits in outputs:
+        assert torch.equal(bits.view(dtype).isnan(), want_nan)
+        assert (bits[want_nan] == CANONICAL_NAN[dtype]).all()
+        assert torch.equal(bits, outputs[0])

@@ -70,6 +70,13 @@ def _check_above(root: Path) -> None:
         raise UnsafeCache(f"the kernel cache's parent folder {folder} {problem}")
 
 
+def _is_link(name: str, parent: int | None) -> bool:
+    try:
+        return stat.S_ISLNK(os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+
+
 def _open_folder(name: str, parent: int | None, shown: Path) -> int:
     """A descriptor on folder ``name`` (in ``parent``; a path when ``None``), created 0700."""
     with contextlib.suppress(FileExistsError):
@@ -77,8 +84,7 @@ def _open_folder(name: str, parent: int | None, shown: Path) -> int:
     try:
         fd = os.open(name, _DIRECTORY, dir_fd=parent)
     except OSError as err:
-        link = stat.S_ISLNK(os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode)
-        kind = "a symbolic link" if link else f"not openable ({err.strerror})"
+        kind = "a symbolic link" if _is_link(name, parent) else f"not openable ({err.strerror})"
         raise UnsafeCache(f"the kernel cache folder {shown} is {kind}") from None
     info = os.fstat(fd)
     problem = _owner_problem(info)
@@ -97,10 +103,11 @@ def open_private(root: Path, parts: tuple[str, ...]) -> int:
         UnsafeCache: a level is a symbolic link, owned by another user or writable by
             other users, or a folder above ``root`` is owned by another user or writable
             by everyone without the sticky bit.
+        RuntimeError: no POSIX file ownership (Windows).
         OSError: a folder cannot be created.
     """
-    if not hasattr(os, "geteuid") or not os.O_NOFOLLOW:
-        raise UnsafeCache("the kernel cache needs POSIX file ownership and O_NOFOLLOW")
+    if not hasattr(os, "geteuid") or not hasattr(os, "O_NOFOLLOW"):
+        raise RuntimeError("the kernel cache needs POSIX file ownership and O_NOFOLLOW")
     root = Path(os.path.abspath(root))
     root.parent.mkdir(parents=True, exist_ok=True)
     _check_above(root)

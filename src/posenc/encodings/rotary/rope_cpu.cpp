@@ -6,8 +6,9 @@
 // type: float for float32, bfloat16 and float16 inputs, double for float64. Every row
 // of D features is read once and written once: each pair (a, b) becomes
 // (a cos - b sin, a sin + b cos), each product and sum rounded in the compute type (no
-// fused multiply-add, so every layout and the PyTorch path give the same bits; a NaN is a
-// NaN, whose bits PyTorch's own paths do not agree on), then rounded once to x's type; features R..D-1 are copied when out is not x. Rows are
+// fused multiply-add, so every layout and the PyTorch path give the same bits; a NaN
+// result is the canonical quiet NaN, as on the PyTorch path), then rounded once to x's
+// type; features R..D-1 are copied when out is not x. Rows are
 // walked in memory order with pointers that advance by the strides (no division per
 // row), each of at::parallel_for's threads through one contiguous range of them.
 //
@@ -26,11 +27,18 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
-// Built for a CPU with AVX512-BF16 (-march=native on AMD Zen 4 and later, Intel Cooper
-// Lake and Sapphire Rapids on): bfloat16 rows narrow sixteen floats by one instruction.
-#if defined(__AVX512F__) && defined(__AVX512BF16__) && defined(__AVX512DQ__)
+// Built for a CPU with AVX-512 (-march=native on Intel Skylake-SP and AMD Zen 4 on):
+// float16 rows convert sixteen values per instruction, and bfloat16 rows too where the
+// CPU also has AVX512-BF16 (Zen 4, Intel Cooper Lake and Sapphire Rapids on).
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
 #include <immintrin.h>
+#define POSENC_AVX512 1
+#else
+#define POSENC_AVX512 0
+#endif
+#if POSENC_AVX512 && defined(__AVX512BF16__)
 #define POSENC_AVX512_BF16 1
 #else
 #define POSENC_AVX512_BF16 0
@@ -78,12 +86,20 @@ struct Layout {
   int64_t table_batch;         // 1: cos/sin shared by the batch, else B
 };
 
+// A NaN as the canonical quiet NaN of its type (positive, no payload). Which NaN operand a
+// product or sum passes on, and whether narrowing keeps a payload, differ between
+// instructions and between PyTorch's own loops; both paths write this one NaN instead.
+template <typename acc_t>
+inline acc_t canonical(acc_t v) {
+  return v != v ? std::numeric_limits<acc_t>::quiet_NaN() : v;
+}
+
 // (a, b) -> (a cos - b sin, a sin + b cos) with every operation rounded on its own.
 template <typename acc_t>
 inline void turn(acc_t a, acc_t b, acc_t c, acc_t s, acc_t& new_a, acc_t& new_b) {
   const acc_t ac = a * c, bs = b * s, as = a * s, bc = b * c;
-  new_a = ac - bs;
-  new_b = as + bc;
+  new_a = canonical<acc_t>(ac - bs);
+  new_b = canonical<acc_t>(as + bc);
 }
 
 // Where the pairs of a row lie: the two unit-stride layouts get loops the compiler
@@ -91,12 +107,22 @@ inline void turn(acc_t a, acc_t b, acc_t c, acc_t s, acc_t& new_a, acc_t& new_b)
 // view gives bit for bit the result of its contiguous copy.
 enum class Pairs { kHalfSplit, kInterleaved, kStrided };
 
-// The pairs [0, n) of a unit-stride row that a vector path rotates before the loops of
-// rotate_row take the rest; returns n. None by default: the loops vectorize on their own.
-template <typename scalar_t, typename acc_t, Pairs pairs>
-inline int64_t rotate_prefix(const scalar_t*, scalar_t*, const acc_t*, const acc_t*, int64_t) {
-  return 0;
+#if POSENC_AVX512
+// Sixteen float16 widened to float, exactly.
+inline __m512 widen16(const c10::Half* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
+
+// Sixteen floats narrowed to float16 by VCVTPS2PH, rounding to nearest even: the
+// instruction of c10::Half's own conversion on a CPU with F16C. It keeps a NaN's payload,
+// so a NaN lane is made the canonical NaN first, as canonical<> does in the loops.
+inline void narrow16(__m512 v, c10::Half* p) {
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  v = _mm512_mask_mov_ps(v, nan, _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN()));
+  const __m256i bits = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), bits);
+}
+#endif
 
 #if POSENC_AVX512_BF16
 // Sixteen bfloat16 widened to float: a shift of their bits, as widen<>.
@@ -121,13 +147,14 @@ inline void narrow16(__m512 v, Bf16Bits* p) {
   const __m256i bits = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), bits);
 }
+#endif
 
-// Half-split bfloat16 rows, sixteen pairs per step: the same products, sums and rounding
-// as turn<float>, so the same bits.
-template <>
-inline int64_t rotate_prefix<Bf16Bits, float, Pairs::kHalfSplit>(const Bf16Bits* x, Bf16Bits* out,
-                                                                 const float* cos,
-                                                                 const float* sin, int64_t half) {
+#if POSENC_AVX512
+// Half-split half-precision rows, sixteen pairs per step: the same products, sums and
+// rounding as turn<float>, so the same bits.
+template <typename scalar_t>
+inline int64_t half_split16(const scalar_t* x, scalar_t* out, const float* cos, const float* sin,
+                            int64_t half) {
   int64_t i = 0;
   for (; i + 16 <= half; i += 16) {
     const __m512 a = widen16(x + i), b = widen16(x + half + i);
@@ -138,15 +165,13 @@ inline int64_t rotate_prefix<Bf16Bits, float, Pairs::kHalfSplit>(const Bf16Bits*
   return i;
 }
 
-// Interleaved bfloat16 rows, sixteen pairs (two vectors of a, b lanes) per step: with each
-// angle's cos and sin repeated for both lanes of its pair and the pairs' lanes swapped,
-// even lanes take a c - b s and odd lanes b c + a s, which is a s + b c bit for bit.
-template <>
-inline int64_t rotate_prefix<Bf16Bits, float, Pairs::kInterleaved>(const Bf16Bits* x,
-                                                                   Bf16Bits* out,
-                                                                   const float* cos,
-                                                                   const float* sin,
-                                                                   int64_t half) {
+// Interleaved half-precision rows, sixteen pairs (two vectors of a, b lanes) per step:
+// with each angle's cos and sin repeated for both lanes of its pair and the pairs' lanes
+// swapped, even lanes take a c - b s and odd lanes b c + a s, which is a s + b c bit for
+// bit.
+template <typename scalar_t>
+inline int64_t interleaved16(const scalar_t* x, scalar_t* out, const float* cos,
+                             const float* sin, int64_t half) {
   const __m512i first = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
   const __m512i second = _mm512_add_epi32(first, _mm512_set1_epi32(8));
   const __mmask16 odd = 0xAAAA;
@@ -165,6 +190,35 @@ inline int64_t rotate_prefix<Bf16Bits, float, Pairs::kInterleaved>(const Bf16Bit
   return i;
 }
 #endif
+
+// The scalar types whose unit-stride rows the vector steps above convert.
+template <typename scalar_t>
+constexpr bool kSixteenLanes = false;
+#if POSENC_AVX512
+template <>
+constexpr bool kSixteenLanes<c10::Half> = true;
+#endif
+#if POSENC_AVX512_BF16
+template <>
+constexpr bool kSixteenLanes<Bf16Bits> = true;
+#endif
+
+// The pairs [0, n) of a unit-stride row that a vector path rotates before the loops of
+// rotate_row take the rest; returns n. None for float and double: the loops vectorize on
+// their own.
+template <typename scalar_t, typename acc_t, Pairs pairs>
+inline int64_t rotate_prefix([[maybe_unused]] const scalar_t* x, [[maybe_unused]] scalar_t* out,
+                             [[maybe_unused]] const acc_t* cos, [[maybe_unused]] const acc_t* sin,
+                             [[maybe_unused]] int64_t half) {
+#if POSENC_AVX512
+  if constexpr (kSixteenLanes<scalar_t> && pairs == Pairs::kHalfSplit) {
+    return half_split16(x, out, cos, sin, half);
+  } else if constexpr (kSixteenLanes<scalar_t> && pairs == Pairs::kInterleaved) {
+    return interleaved16(x, out, cos, sin, half);
+  }
+#endif
+  return 0;
+}
 
 template <typename scalar_t, typename acc_t, Pairs pairs>
 inline void rotate_row(const scalar_t* x, int64_t xs, scalar_t* out, int64_t os, const acc_t* cos,

@@ -12,6 +12,13 @@ vectorization (a complex multiply or ``addcmul`` may fuse a multiply-add in one 
 path and not another), so strided inputs give exactly the result of their contiguous
 copy. Every partial result goes into a chunk-sized buffer or the output (``out=``),
 never into a full-size temporary (``posenc.fastpath.chunks``).
+
+A NaN result is written as the canonical quiet NaN of ``x``'s dtype on CPU (positive, no
+payload: ``0x7FC0`` in bfloat16, ``0x7E00`` in float16), as the kernel writes it. PyTorch's
+own operations give a NaN's sign and payload by code path: its vectorized bfloat16
+narrowing writes ``0xFFFF``, its scalar one ``0x7FC0``, and ``a - b`` of two NaNs passes on
+either one's payload. A chunk whose sum is NaN has its NaNs refilled (one read of a chunk
+in the cache, and a fill only where a NaN or ``inf - inf`` is).
 """
 
 from __future__ import annotations
@@ -84,3 +91,5 @@ def rotate_torch(out: Tensor, x: Tensor, cos: Tensor, sin: Tensor, *, interleave
         new_b.add_(a_sin)  # b cos + a sin (IEEE addition commutes: a sin + b cos)
         if rotated is not dst:
             dst.copy_(rotated)  # the one rounding to x's dtype
+        if dst.device.type == "cpu" and rotated.sum().isnan():  # one read of a cached chunk
+            dst.masked_fill_(dst.isnan(), float("nan"))  # the canonical NaN (module docstring)
