@@ -22,7 +22,7 @@ import torch
 
 import posenc
 from _ranks import run_ranks
-from _ring_worker import BATCHED, EXTRA, LAYER_ENCODINGS, LAYOUTS, H, encodings
+from _ring_cases import BATCHED, EXTRA, LAYER_ENCODINGS, LAYOUTS, H, encodings
 from conftest import tolerances
 from posenc.parallel import ring_attention
 
