@@ -266,7 +266,7 @@ def test_scaling_types_and_frozen():
         (lambda: NTKScaling(0.5), "ntk factor must be >= 1.0, got 0.5"),
         (lambda: DynamicNTKScaling(2.0, 0), "original_max_position_embeddings must be >= 1, got 0"),
         (lambda: YarnScaling(0.9, 4096), "yarn factor must be >= 1.0, got 0.9"),
-        (lambda: YarnScaling(4.0, 4096, beta_fast=1, beta_slow=2), "beta_fast must exceed"),
+        (lambda: YarnScaling(4.0, 4096, beta_fast=1, beta_slow=2), "beta_fast must be at least"),
         (lambda: YarnScaling(4.0, 4096, attention_factor=0.0), "attention_factor must be > 0"),
         (lambda: YarnScaling(4.0, 4096, mscale=-1.0), "mscale must be >= 0.0, got -1.0"),
         (lambda: Llama3Scaling(8.0, 4.0, 1.0, 8192), "high_freq_factor must exceed"),

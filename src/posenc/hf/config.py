@@ -244,6 +244,10 @@ def parse_hf_rope_config(config: object, *, layer_type: str | None = None) -> HF
     if fam.ntk_alpha:  # HunYuan: "dynamic" with an alpha is a fixed NTK base
         params = ntk_alpha_parameters(params) or params
     rope_type = _first(params.get("rope_type"), params.get("type"), "default")
+    if rope_type in ("longrope", "su"):  # only Phi-3.5-MoE's module reads its mscales
+        mscales = {key: params.pop(key, None) for key in ("short_mscale", "long_mscale")}
+        if fam.mscales:
+            params.update(mscales, long_factor=params.get("short_factor"))
     if rope_type in ("yarn", "llama3", "longrope", "su"):
         original = _first(cfg.get(_ORIGINAL), params.get(_ORIGINAL))
         params[_ORIGINAL] = original if original is not None else _max_positions(cfg, rope_type)

@@ -30,7 +30,10 @@ Shapes: ``D`` head_dim, ``R`` rotary dim. One ``Family`` per ``model_type`` says
 * ``clockwise``: pairs rotate by ``-theta`` (NanoChat's ``rotate_half`` flips the signs;
   ``RotaryEmbedding(clockwise=True)``);
 * ``ntk_alpha``: a ``dynamic`` rope type with an ``alpha`` is HunYuan's fixed NTK-alpha
-  base (``posenc.encodings.rotary.ntk_alpha``), as the family's rotary module reads it.
+  base (``posenc.encodings.rotary.ntk_alpha``), as the family's rotary module reads it;
+* ``mscales``: LongRoPE as Phi-3.5-MoE's rotary module computes it: the short factors at
+  every length (it never passes the length to them), the attention scale ``short_mscale``
+  up to ``L0`` and ``long_mscale`` beyond; other families' modules ignore those two keys.
 
 ``FAMILIES`` is the table; ``family(model_type)`` looks it up and names the way out (pass
 the layout explicitly to ``posenc.RotaryEmbedding``) for a ``model_type`` it lacks.
@@ -65,10 +68,12 @@ class Family:
     fields: frozenset[str] = frozenset()
     clockwise: bool = False
     ntk_alpha: bool = False
+    mscales: bool = False
 
     def __post_init__(self) -> None:
         check_bool("clockwise", self.clockwise)
         check_bool("ntk_alpha", self.ntk_alpha)
+        check_bool("mscales", self.mscales)
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
 
@@ -86,6 +91,8 @@ class Family:
             parts.append("clockwise")
         if self.ntk_alpha:
             parts.append("ntk_alpha")
+        if self.mscales:
+            parts.append("mscales")
         return ", ".join(parts)
 
 
@@ -114,10 +121,10 @@ granite4_vision_text granite_docling_text granitemoe granitemoeshared gte
 higgs_audio_v2 hrm_text hy_v3 hyperclovax idefics jais2
 jina_embeddings_v3 exaone internlm3 iquestcoder sarvam_moe kyutai_speech_to_text laguna
 lasr_encoder lfm2 lfm2_moe llama
-mellum mimi mimo_v2_flash minimax minimax_m2 ministral mistral mixtral
+mellum mimi mimo_v2_flash minimax ministral mistral mixtral
 modernbert modernbert-decoder molmo2_text moshi muse_glimmer_assistant nemotron
 nemotron3_5_transcribe_asr_audio neucodec nomic_bert olmo olmo2 olmo3 olmo_hybrid olmoe
-persimmon phi phi3 phi4_multimodal phimoe pocket_tts pocket_tts_audio_tokenizer qwen2
+persimmon phi phi3 phi4_multimodal pocket_tts pocket_tts_audio_tokenizer qwen2
 qwen2_5_omni_dit qwen2_moe qwen3 qwen3_moe qwen3_next recurrent_gemma seed_oss solar_open
 stablelm starcoder2 t5gemma2_text timesfm2_5 ultrabert unlimited_ocr_text vaultgemma xcodec2
 zaya lfm3 beam glm4_moe esmc gpt_oss emu3_text_model step3p5 voxtral_realtime_text
@@ -214,6 +221,9 @@ FAMILIES: dict[str, Family] = {
     ),
     # transformers rotates the whole head; its rotary_dim field is not read by the model
     "minimax_m3_vl_text": Family(fields=frozenset({"rotary_dim"})),
+    # its config class turns rotary_dim into rope_parameters' partial_rotary_factor (read)
+    "minimax_m2": Family(fields=frozenset({"rotary_dim"})),
+    "phimoe": Family(mscales=True),
     "hy_v4": Family(head_dim=("qk_rope_head_dim",), fields=frozenset({"qk_rope_head_dim"})),
     "molmo2_text": Family(layers="rope_scaling_layers", fields=frozenset({"rope_scaling_layers"})),
     "minicpm3": Family(head_dim=("qk_rope_head_dim",), fields=frozenset({"qk_rope_head_dim"})),

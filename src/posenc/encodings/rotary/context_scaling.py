@@ -13,7 +13,8 @@ pair ``i`` is ``lambda_i = 2 pi / theta_i`` and it turns ``L0 / lambda_i`` times
   than ``beta_slow`` turns are interpolated (``theta_i / s``), pairs with more than
   ``beta_fast`` turns keep ``theta_i``, with a linear ramp over the pair index between;
   the index where a pair turns ``r`` times is ``R ln(L0 / (2 pi r)) / (2 ln base)``
-  (floored/ceiled when ``truncate``). Attention scale ``0.1 ln s + 1``, or
+  (floored/ceiled when ``truncate``; ``beta_fast == beta_slow``, as in Kimi K2, makes
+  the ramp at most one pair wide, as transformers computes it). Attention scale ``0.1 ln s + 1``, or
   ``mscale(s, mscale) / mscale(s, mscale_all_dim)`` (DeepSeek-V2) when both are given.
 * Llama 3 (Meta 2024, Llama 3.1 release): ``lambda_i < L0 / high_freq_factor`` keeps
   ``theta_i``; ``lambda_i > L0 / low_freq_factor`` uses ``theta_i / s``; in between
@@ -21,7 +22,8 @@ pair ``i`` is ``lambda_i = 2 pi / theta_i`` and it turns ``L0 / lambda_i`` times
   ``low == high`` (Llama 4 Scout: 1, 1) has no band in between.
 * LongRoPE (Ding et al. 2024, "LongRoPE: Extending LLM Context Window Beyond 2 Million
   Tokens", sec. 3): ``theta_i / f_i`` with searched per-pair factors ``f_i``, the short
-  list up to ``L0`` and the long list beyond; attention scale ``sqrt(1 + ln s / ln L0)``.
+  list up to ``L0`` and the long list beyond; attention scale ``sqrt(1 + ln s / ln L0)``,
+  or Phi-3.5-MoE's ``short_mscale`` up to ``L0`` and ``long_mscale`` beyond.
 """
 
 from __future__ import annotations
@@ -137,9 +139,10 @@ class YarnScaling(RopeScaling):
         check_int("yarn original_max_position_embeddings", self.original_max_position_embeddings)
         set_(self, "beta_fast", check_float("yarn beta_fast", self.beta_fast, positive=True))
         set_(self, "beta_slow", check_float("yarn beta_slow", self.beta_slow, positive=True))
-        if self.beta_fast <= self.beta_slow:
+        if self.beta_fast < self.beta_slow:
             raise ValueError(
-                f"yarn beta_fast must exceed beta_slow, got {self.beta_fast} <= {self.beta_slow}"
+                f"yarn beta_fast must be at least beta_slow, got {self.beta_fast} < "
+                f"{self.beta_slow}"
             )
         for name in ("mscale", "mscale_all_dim"):
             value = getattr(self, name)
@@ -184,7 +187,8 @@ class LongRopeScaling(RopeScaling):
     """LongRoPE parameters: per-pair factors for short (``<= L0``) and long lengths.
 
     ``factor`` is the context extension ratio (Phi-3: ``max_position_embeddings / L0``);
-    it only sets the default attention scale.
+    it only sets the default attention scale. ``short_mscale`` and ``long_mscale`` (both
+    or neither; Phi-3.5-MoE) replace the attention scale: the short one up to ``L0``.
     """
 
     rope_type: ClassVar[str] = "longrope"
@@ -194,9 +198,18 @@ class LongRopeScaling(RopeScaling):
     original_max_position_embeddings: int
     factor: float
     attention_factor: float | None = None
+    short_mscale: float | None = None
+    long_mscale: float | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
+        for name in ("short_mscale", "long_mscale"):
+            set_(self, name, _optional_positive(f"longrope {name}", getattr(self, name)))
+        if (self.short_mscale is None) != (self.long_mscale is None):
+            raise ValueError(
+                "longrope short_mscale and long_mscale come together, got "
+                f"short_mscale={self.short_mscale}, long_mscale={self.long_mscale}"
+            )
         for name in ("short_factor", "long_factor"):
             set_(self, name, _factor_list(f"longrope {name}", getattr(self, name)))
         if len(self.short_factor) != len(self.long_factor):
@@ -295,7 +308,9 @@ def longrope_inv_freq(
             f"longrope factor lists have {len(factors)} entries, rotary dim {dim} needs {dim // 2}"
         )
     inv_freq = base_inv_freq(dim, base) / torch.tensor(factors, dtype=torch.float64)
-    if params.attention_factor is not None:
+    if params.short_mscale is not None and params.long_mscale is not None:
+        scale = params.long_mscale if long else params.short_mscale
+    elif params.attention_factor is not None:
         scale = params.attention_factor
     elif params.factor <= 1.0:
         scale = 1.0
