@@ -408,7 +408,7 @@ def test_patch_state_belongs_to_the_model(tmp_path_factory):
     import pickle
 
     model_cls, folder = _saved(tmp_path_factory, "llama", **DYNAMIC)
-    patched = patch(_load(model_cls, folder))
+    patched = patch(_load(model_cls, folder), length_policy="monotone")
     twin = copy.deepcopy(patched)
     hooks = list(twin.model._forward_pre_hooks.values())
     assert hooks and all(h.tracker is twin.model.rotary_emb.tracker for h in hooks)

@@ -5,7 +5,7 @@ models in transformers 5 share one wiring: the base model's ``rotary_emb`` turns
 ``position_ids [B, T]`` into ``position_embeddings = (cos, sin)`` once per forward (one pair
 per layer type, e.g. Gemma 3's sliding and full layers), every decoder layer hands them to
 its attention module, and that module calls its modeling file's ``apply_rotary_pos_emb(q, k,
-cos, sin)`` before ``past_key_values.update``. ``patch`` changes only that model, in three
+cos, sin)`` before ``past_key_values.update``. ``patch`` changes only that model, in four
 places, and ``unpatch`` puts each back:
 
 * ``rotary_emb`` becomes a ``PatchedRotary`` holding one ``posenc.RotaryEmbedding`` per
@@ -16,7 +16,8 @@ places, and ``unpatch`` puts each back:
   which ``apply_rotary_pos_emb`` is ``posenc.apply_rope`` in the family's layout (Su et al.
   2021, "RoFormer", eq. 34), so nothing global changes and other models are untouched;
 * forward hooks on the base model let ``PatchedRotary`` see the KV cache
-  (``patch_cache.CacheTracker``).
+  (``patch_cache.CacheTracker``);
+* its ``save_pretrained`` writes the rope parameters the patch runs (``patch_save``).
 
 Length policy (dynamic NTK, LongRoPE; Peng et al. 2023 sec. 3.2, Ding et al. 2024):
 ``"transformers"`` (default: a drop-in gives the model's own outputs) reproduces
