@@ -257,6 +257,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="torch threads per process (default: cores / processes)",
     )
     p.add_argument(
+        "--context-parallel",
+        type=int,
+        metavar="N",
+        help="under torchrun, split each training sequence across N processes (ring "
+        "attention; N divides the process count; default 1)",
+    )
+    p.add_argument(
         "--device",
         choices=("auto", "cpu", "cuda"),
         help="where to train: auto (default) picks CUDA when available",
@@ -380,6 +387,16 @@ def _settings(args: argparse.Namespace) -> tuple[str | None, list[tuple[str | No
         raise UsageError(f"lab: --config: {exc}{suggest(args.config, shipped_sweeps())}") from None
 
 
+def _check_context_parallel(size: int) -> None:
+    """``--context-parallel N`` needs ``torchrun`` with a multiple of ``N`` processes."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if size > 1 and world % size:
+        raise ValueError(
+            f"--context-parallel {size} needs a multiple of {size} processes, got {world}: "
+            f"run it as torchrun --nproc_per_node={size} -m posenc lab --context-parallel {size}"
+        )
+
+
 def _check_data(sweeps: list) -> None:
     """Load the corpus (or make the task) of every setting after the first whose data
     differ from the first's, so a missing corpus or a length it cannot fill is refused
@@ -424,9 +441,11 @@ def run(args: argparse.Namespace) -> int:
         where = f"setting {name!r}: " if name is not None else ""
         try:
             config = config_from_args(merged)
-            for flag in ("threads", "jobs"):
+            for flag in ("threads", "jobs", "context_parallel"):
                 if getattr(merged, flag) is not None and getattr(merged, flag) < 1:
-                    raise ValueError(f"--{flag} must be >= 1, got {getattr(merged, flag)}")
+                    dashed = flag.replace("_", "-")
+                    raise ValueError(f"--{dashed} must be >= 1, got {getattr(merged, flag)}")
+            _check_context_parallel(merged.context_parallel or 1)
         except (ValueError, TypeError, UsageError) as exc:
             raise type(exc)(f"{where}{exc}") from None
         sweeps.append((name, merged, config))
@@ -449,6 +468,7 @@ def run(args: argparse.Namespace) -> int:
             progress=not merged.no_progress,
             sweep_file=text,
             jobs=jobs,
+            context_parallel=merged.context_parallel or 1,
         )
         statuses += [r["status"] for r in results["runs"]]
     if statuses and "ok" not in statuses:

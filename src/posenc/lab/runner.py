@@ -39,11 +39,13 @@ from posenc.lab.results import (
     write_text,
 )
 from posenc.lab.runs import Runner, run_name
+from posenc.lab.variants import build_encoding
 from posenc.lab.workload import make_workload
+from posenc.parallel import check_splittable
 
 __all__ = ["run_lab"]
 
-_ENV_KEYS = ("torch_threads", "device", "precision", "torch", "processes")
+_ENV_KEYS = ("torch_threads", "device", "precision", "torch", "processes", "context_parallel")
 
 
 def _progress(console: Console, enabled: bool) -> Progress:
@@ -96,7 +98,28 @@ def _publish(out: Path, results: dict, *, figures: bool) -> list[Path]:
 
 
 def _spread(context: Context, config: LabConfig) -> bool:
-    return context.world > 1 and len(config.seeds) > 1
+    return context.world > 1 and context.cp == 1 and len(config.seeds) > 1
+
+
+def _check_context_parallel(config: LabConfig, context: Context) -> None:
+    """Refuse, before any run, what context parallelism cannot split: a training length
+    that is not a multiple of ``2N`` (head-tail chunks), an encoding the ring refuses."""
+    if context.cp == 1:
+        return
+    lengths = {"train_len": config.train_len}
+    if config.finetune_steps:
+        lengths["finetune_len"] = config.tuned_len
+    for what, length in lengths.items():
+        if length % (2 * context.cp):
+            raise ValueError(
+                f"{what} {length} is not a multiple of {2 * context.cp}, the head-tail chunks "
+                f"of --context-parallel {context.cp}"
+            )
+    for name in config.encodings:
+        try:
+            check_splittable(build_encoding(name, config), causal=True)
+        except ValueError as exc:
+            raise ValueError(f"--context-parallel cannot train {name}: {exc}") from None
 
 
 def run_lab(
@@ -109,6 +132,7 @@ def run_lab(
     progress: bool = True,
     sweep_file: str | None = None,
     jobs: int = 1,
+    context_parallel: int = 1,
 ) -> dict:
     """Run (or resume) the sweep of ``config``; return the merged results.
 
@@ -123,6 +147,8 @@ def run_lab(
         sweep_file: the text of the ``--config`` file, saved as ``sweep.toml``.
         jobs: local worker processes, each with ``threads`` threads (ignored under
             ``torchrun``).
+        context_parallel: processes per training sequence under ``torchrun``
+            (``posenc.lab.distributed``); 1: none.
 
     Raises:
         ValueError: bad corpus, lengths or output folder (one clear message).
@@ -130,8 +156,9 @@ def run_lab(
         KeyboardInterrupt: after writing what finished.
     """
     console = console or Console()
-    context = init_context(device)
+    context = init_context(device, context_parallel=context_parallel)
     try:
+        _check_context_parallel(config, context)
         if threads is not None:
             torch.set_num_threads(threads)
         work = make_workload(config, context)

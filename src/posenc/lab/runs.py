@@ -99,7 +99,7 @@ class Runner:
             model,
             self.work.sampler(length, 2 * seed + (length != config.train_len)),
             steps=steps,
-            batch_size=max(self.context.world, batch - batch % self.context.world),
+            batch_size=max(self.context.dp, batch - batch % self.context.dp),
             weight_decay=config.weight_decay,
             context=self.context,
             dtype=self.work.dtype,
