@@ -193,7 +193,9 @@ def load_verified(folder: int, library: Path) -> bool:
         if want is None or _digest(fd) != want:
             return False
         # The descriptor, not the name: the file loaded is the file hashed. (torch.ops.
-        # load_library would resolve the descriptor's link back to the name.)
+        # load_library would resolve the descriptor's link back to the name.) The loader
+        # knows the library by this name: a later load of the same name in this process
+        # (a library hashed again) returns it, and one without the operator falls back.
         by_descriptor = f"/proc/self/fd/{fd}"
         ctypes.CDLL(by_descriptor if os.path.exists(by_descriptor) else str(library))
         torch.ops.loaded_libraries.add(str(library))
