@@ -114,13 +114,15 @@ class Pair:
         return logits if additive is None else logits + additive
 
     def rows(self, rows: slice) -> Pair | None:
-        """The pair of the queries ``rows`` only, with their mask; None when none of them
-        sees a key of the block."""
+        """The pair of the queries ``rows`` only, with their mask (None when they see every
+        key); None when none of them sees a key of the block."""
         seg = self.queries.segment_ids
         queries = Shard(self.queries.positions[..., rows], None if seg is None else seg[:, rows])
         mask = visible(self.causal, queries, self.keys)
         if mask is not None and not bool(mask.any()):
             return None
+        if mask is not None and bool(mask.all()):
+            mask = None  # every key visible: no mask to build and add
         return replace(self, q=self.q[..., rows, :], queries=queries, mask=mask)
 
     def weighted(self, probs: Tensor, v: Tensor) -> Tensor:
