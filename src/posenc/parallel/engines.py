@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from posenc._checks import check_int
+from posenc._checks import check_int, float_positions
 from posenc.encodings.rotary.module import RotaryEmbedding
 from posenc.parallel.layouts import ShardLayout
 
@@ -51,7 +51,7 @@ def _frequencies(rope: object, length: int) -> tuple[Tensor, float]:
 
 def _angles(positions: Tensor, inv_freq: Tensor) -> Tensor:
     """``positions[:, None] * inv_freq`` in float64, rounded once to float32: ``[N, R/2]``."""
-    return (positions.to(torch.float64)[:, None] * inv_freq).to(torch.float32)
+    return (float_positions(positions, torch.float64)[:, None] * inv_freq).to(torch.float32)
 
 
 def torchtitan_freqs_cis(
