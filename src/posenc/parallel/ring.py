@@ -69,7 +69,6 @@ class _Setup:
     queries: Shard
     causal: bool
     scale: float
-    batched: bool
     block_size: int
     fused: tuple[bool, bool]
 
@@ -162,8 +161,11 @@ def ring_attention(
         timeout = timedelta(seconds=timeout)
     ring = Ring(group, timeout)
     info = check_shards(ring, q, k, v, positions, segment_ids, causal=causal, sinks=sinks)
+    positions = positions.to(q.device)
     if info.batched:
         positions = positions.expand(q.shape[0], -1)
+    if segment_ids is not None:
+        segment_ids = segment_ids.to(q.device)
     if position.sites & Site.QK:
         observe_length(position, int(info.max_position) + 1)
         at = positions if rotary_positions is None else rotary_positions
@@ -172,7 +174,7 @@ def ring_attention(
     fused = q.device.type == "cpu" and not position.sites & Site.VALUE  # see _ring_fused
     setup = _Setup(
         ring, position, Shard(positions, segment_ids), causal,
-        q.shape[-1] ** -0.5 if scale is None else float(scale), info.batched, block_size,
+        q.shape[-1] ** -0.5 if scale is None else float(scale), block_size,
         (fused, fused and not params and position_only_bias(position)),
     )  # fmt: skip
     with without_autocast(q.device.type):  # the blocks run in the accumulation dtype
