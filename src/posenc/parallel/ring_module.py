@@ -41,7 +41,8 @@ def ring_context(
     ``positions`` (``[T]`` or ``[B, T]``) and, for packed documents, ``segment_ids [B, T]``.
     The outputs and input gradients are the unsplit model's rows for the shard; parameter
     gradients are this rank's share (see ``ring_attention``), summed over the group by the
-    data-parallel all-reduce.
+    data-parallel all-reduce. A layer's ``block_size`` sets the ring's query blocks; its
+    ``backend`` is not used (the ring computes its blocks itself).
 
     Args:
         model: a module holding ``MultiHeadAttention`` layers.
