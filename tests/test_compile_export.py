@@ -13,7 +13,8 @@ Shapes: ``B`` batch, ``T`` length, ``C`` d_model.
   tolerance. Through AOTAutograd (``aot_eager``: the backward that compiled training
   runs, without inductor's code generation) for a representative subset in the default
   run (an offset bias, a learned-table bias, an MLP bias, CoPE, Shaw) and every encoding
-  under ``-m slow``, where inductor itself also trains every encoding (``fullgraph``).
+  under ``-m slow``, where inductor itself also trains every encoding (``fullgraph``);
+  with attention sinks and grouped keys (ALiBi, Shaw) by default.
 * ``torch.export`` of an inference layer with a dynamic length: ALiBi (``backend="sdpa"``
   for any length; the chunked backend's loop over query blocks specializes the length
   to at most ``block_size``) and RoPE.
@@ -228,11 +229,14 @@ def _loss_and_grads(layer, run, x, pos) -> tuple[torch.Tensor, list]:
     return out, list(torch.autograd.grad(out.square().sum(), wrt, allow_unused=True))
 
 
-def _check_training(name: str, backend, fullgraph: bool) -> None:
+def _check_training(name: str, backend, fullgraph: bool, **kwargs) -> None:
     """Compiled forward and backward equal eager's over two query blocks (``T = 7``,
     ``block_size = 4``: the chunked backend's loop, whose eager backward recomputes
-    each block)."""
-    layer = _layer(name, block_size=4).train()
+    each block); ``kwargs`` go to ``MultiHeadAttention``."""
+    layer = _layer(name, block_size=4, **kwargs).train()
+    if layer.sinks is not None:  # off their zero init, so that they matter
+        with torch.no_grad():
+            layer.sinks.add_(torch.randn(H, generator=torch.Generator().manual_seed(2)))
     x = _inputs(7).requires_grad_(True)
     pos = attention_positions(layer.position, None, 7)
     compiled = torch.compile(layer, backend=backend, fullgraph=fullgraph)
@@ -251,6 +255,13 @@ def test_compiled_training_matches_eager(name, fullgraph):
     counter = CompileCounterWithBackend("aot_eager")
     _check_training(name, counter, fullgraph)
     assert counter.frame_count == 1, f"{counter.frame_count} graphs: a graph break"
+
+
+@pytest.mark.parametrize("name", ["alibi", "shaw"])
+def test_compiled_training_with_sinks_and_grouped_keys_matches_eager(name):
+    """The sink logits' gradient too; ALiBi's blocks then take the sink key, not the
+    offset table."""
+    _check_training(name, "aot_eager", True, sinks=True, num_kv_heads=H // 2)
 
 
 @pytest.mark.slow
