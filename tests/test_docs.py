@@ -1,7 +1,8 @@
 """The documentation: the site builds strictly, and its examples run or parse as written.
 
 * ``mkdocs build --strict`` (skipped without the ``docs`` extra): broken links, missing
-  anchors and docstrings mkdocstrings cannot read fail the build.
+  anchors and docstrings mkdocstrings cannot read fail the build, and every public name of
+  ``posenc`` and ``posenc.hf`` (their ``__all__``) has its heading in the API reference.
 * every ```python block of ``docs/*.md`` runs, in order, per page (as the README's do in
   ``tests/test_readme.py``);
 * every ``posenc ...`` line of a ```bash block in the docs and the README is accepted by
@@ -56,9 +57,14 @@ def test_site_builds_strictly(tmp_path):
         cwd=ROOT, capture_output=True, text=True, timeout=300, env=env,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    api = (tmp_path / "api" / "index.html").read_text(encoding="utf-8")
-    for name in ("MultiHeadAttention", "rope_inv_freq", "RotaryEmbedding"):
-        assert name in api, f"the API reference lacks {name}"
+    import posenc.hf
+
+    for module, page in ((posenc, "api/index.html"), (posenc.hf, "api/hf/index.html")):
+        anchors = re.findall(r'id="([\w.]+)"', (tmp_path / page).read_text(encoding="utf-8"))
+        prefix = re.escape(module.__name__)
+        for name in module.__all__:  # a heading of its own, here or in one of its modules
+            pattern = rf"{prefix}\.(\w+\.)?{re.escape(name)}"
+            assert any(re.fullmatch(pattern, a) for a in anchors), f"{page} lacks {name}"
 
 
 @pytest.mark.parametrize("page", [p for p in PAGES if blocks(p, "python")], ids=lambda p: p.name)

@@ -3,6 +3,8 @@
 Public API re-exports only; see each module for shapes, formulas and citations.
 """
 
+from typing import TYPE_CHECKING
+
 from posenc.attention import MultiHeadAttention
 from posenc.base import Compose, PositionalEncoding, Site, available, build, info, register
 from posenc.encodings import (
@@ -54,6 +56,11 @@ from posenc.encodings import (
     videorope_position_ids,
 )
 from posenc.kv_cache import KVCache
+
+if TYPE_CHECKING:  # resolved on first use by __getattr__ below; named here for type
+    # checkers and the API reference
+    from posenc.diffusers import from_diffusers
+    from posenc.hf import from_hf_config, rope_from_hf_config
 
 __version__ = "0.1.0"
 
