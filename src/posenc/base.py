@@ -143,8 +143,7 @@ class PositionalEncoding(nn.Module):
             return self.rotate(q, k, positions, positions)
         if self.position_shape == "[N, A]":
             raise ValueError(f"{name} needs positions {self.position_shape} (patch coordinates)")
-        if t_q > t_k:
-            raise ValueError(f"q is longer than k ({t_q} > {t_k}); pass positions")
+        check_token_axis(q, k, fix="transpose them to [B, H, T, D]")
         k_pos = torch.arange(t_k, device=k.device)
         return self.rotate(q, k, k_pos[t_k - t_q :], k_pos)
 
@@ -430,6 +429,38 @@ class Compose(PositionalEncoding):
 
     def _at(self, site: Site) -> list[PositionalEncoding]:
         return [enc for enc in self.encodings if enc.sites & site]
+
+
+def check_token_axis(q: Tensor, k: Tensor, *, fix: str, offset: int = 0) -> None:
+    """Refuse ``q``, ``k`` given without positions that cannot be ``[B, H, T, D]``, or that
+    look like ``[B, T, H, D]``, whose head axis would be rotated as positions.
+
+    ``[B, T, H, D]`` tensors share their length on axis 1. With grouped heads their axis 2
+    (the heads) is longer in q than in k, which as ``[B, H, T, D]`` reads as queries longer
+    than the keys; with equal heads, q and k have the same shape and ``T > H`` puts more
+    on axis 1 than on axis 2. Both are refused, naming ``fix`` (how to give the other
+    layout); ``[B, H, T, D]`` tensors with fewer tokens than heads then need positions,
+    except for one token or at an ``offset`` (decode steps, ``[B, H, 1, D]``). Grouped
+    ``[B, H, T, D]`` heads (axis 1 unequal) are never ambiguous.
+
+    Raises:
+        ValueError: the shapes, why they are ambiguous, and both ways out.
+    """
+    shapes = f"q {tuple(q.shape)} and k {tuple(k.shape)}"
+    t_q, t_k = q.shape[2], k.shape[2]
+    if t_q > t_k and q.shape[1] == k.shape[1]:
+        raise ValueError(
+            f"{shapes} as [B, H, T, D] have queries longer than the keys ({t_q} > {t_k}): "
+            f"[B, T, H, D] tensors with grouped heads? {fix}; else pass positions"
+        )
+    if t_q > t_k:
+        raise ValueError(f"q is longer than k ({t_q} > {t_k}); pass positions")
+    if q.shape[1:3] == k.shape[1:3] and q.shape[1] > t_q > 1 and not offset:
+        raise ValueError(
+            f"{shapes} as [B, H, T, D] have more heads ({q.shape[1]}) than tokens ({t_q}): "
+            f"[B, T, H, D] tensors? {fix}; for [B, H, T, D] pass positions "
+            f"(torch.arange({t_q}))"
+        )
 
 
 def _length(name: str, value: object) -> int:

@@ -45,6 +45,8 @@ position below zero leaves the scores unchanged.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 import threading
 from collections import OrderedDict
@@ -58,7 +60,7 @@ from torch.utils.hooks import RemovableHandle
 
 from posenc._checks import check_bool, check_int, check_tensor, resolve_positions
 from posenc._dtypes import compute_dtype
-from posenc.base import PositionalEncoding, Site, register
+from posenc.base import PositionalEncoding, Site, check_token_axis, register
 from posenc.encodings.rotary.apply import apply_rope
 from posenc.encodings.rotary.functional import (
     Frequencies,
@@ -399,11 +401,16 @@ class RotaryEmbedding(PositionalEncoding):
             k: keys.
             positions: ``[T]`` or ``[B, T]`` positions shared by q and k (needs
                 ``Tq == Tk``); None means ``arange(Tk)``, the queries being the last
-                ``Tq`` of them.
+                ``Tq`` of them. Without positions, ``layout="bhtd"`` tensors that look
+                like ``[B, T, H, D]`` (``posenc.base.check_token_axis``: grouped heads
+                on axis 2, or q and k of one shape with more heads than tokens) are
+                refused, since their head axis would be rotated as positions.
             offset: added to the positions (KV-cache decoding: the cached length).
 
         Raises:
             ValueError: see ``rotate``; ``Tq > Tk``, or ``Tq != Tk`` with positions;
+                ``[B, T, H, D]``-looking tensors without positions (the message names
+                ``layout="bthd"`` and positions as the ways out);
                 positions whose length is not the ``T`` axis of the layout (the message
                 names the shape).
         """
@@ -422,7 +429,9 @@ class RotaryEmbedding(PositionalEncoding):
         offset = check_int("offset", offset, minimum=0)
         t_q, t_k = q.shape[-2], k.shape[-2]
         if positions is None:
-            if t_q > t_k:
+            if self.layout == "bhtd":
+                check_token_axis(q, k, fix=_layout_fix(type(self)), offset=offset)
+            elif t_q > t_k:
                 raise ValueError(f"q is longer than k ({t_q} > {t_k}); pass positions")
             k_pos = torch.arange(offset, offset + t_k, device=k.device)
             q_pos = k_pos if t_q == t_k else k_pos[t_k - t_q :]
@@ -476,6 +485,14 @@ class RotaryEmbedding(PositionalEncoding):
             + (f", layout={self.layout!r}" if self.layout != "bhtd" else "")
             + (f", length_policy={self.length_policy!r}" if self.scaling.length_dependent else "")
         )
+
+
+@functools.cache
+def _layout_fix(cls: type) -> str:
+    """How a user of ``cls`` rotates ``[B, T, H, D]`` tensors (for an error message)."""
+    if "layout" in inspect.signature(cls).parameters:
+        return f"pass {cls.__name__}(..., layout='bthd')"
+    return "transpose them to [B, H, T, D]"
 
 
 def _length_of(q_pos: Tensor, k_pos: Tensor) -> int:
