@@ -4,6 +4,7 @@ would rotate the head axis as if it were the positions)."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -75,3 +76,28 @@ def test_fewer_tokens_than_heads_need_positions_and_say_so():
     with pytest.raises(ValueError, match=r"pass positions \(torch.arange\(4\)\)"):
         posenc.RotaryEmbedding(D)(q, q)
     posenc.RotaryEmbedding(D)(q, q, torch.arange(4))
+
+
+def test_from_hf_config_reads_a_path_to_a_config_json_or_its_folder(tmp_path):
+    config = {"model_type": "llama", "hidden_size": 256, "num_attention_heads": 4}
+    config["rope_scaling"] = {"rope_type": "linear", "factor": 2.0}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    want = posenc.from_hf_config(config)
+    for given in (tmp_path, str(tmp_path / "config.json")):
+        got = posenc.from_hf_config(given)
+        assert repr(got) == repr(want)
+        torch.testing.assert_close(got.inv_freq, want.inv_freq, rtol=0, atol=0)
+    assert repr(posenc.rope_from_hf_config(tmp_path)) == repr(posenc.rope_from_hf_config(config))
+
+
+def test_a_config_path_that_is_not_a_config_says_which(tmp_path):
+    with pytest.raises(ValueError, match=r"config path '.*missing.json': no such file"):
+        posenc.from_hf_config(str(tmp_path / "missing.json"))
+    with pytest.raises(ValueError, match=r"config path '.*config.json': no such file"):
+        posenc.from_hf_config(tmp_path)  # a folder without a config.json
+    (tmp_path / "config.json").write_text("model_type: llama")
+    with pytest.raises(ValueError, match="is not JSON"):
+        posenc.from_hf_config(tmp_path)
+    (tmp_path / "config.json").write_text("[1, 2]")
+    with pytest.raises(TypeError, match="holds a list, not an object"):
+        posenc.from_hf_config(tmp_path)

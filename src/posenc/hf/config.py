@@ -26,8 +26,11 @@ A field that changes positions and that the family's entry does not list raises
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from posenc._checks import check_bool, check_int
@@ -98,18 +101,41 @@ def as_config_dict(config: object) -> dict[str, Any]:
     hand-written dict) the dict is read as written. The class's ``attribute_map`` names
     (GPT-J's ``n_layer`` as ``num_hidden_layers``) are added beside the family's own.
 
+    A path (``str`` or ``os.PathLike``) to a ``config.json``, or to the folder holding one
+    (a checkpoint's), is read as that file's dict.
+
     Raises:
-        TypeError: ``config`` of another type.
+        TypeError: ``config`` of another type, or a file that is not a JSON object.
+        ValueError: a path to no file, or to a file that is not JSON.
     """
+    if isinstance(config, (str, os.PathLike)):
+        return as_config_dict(_read_json(Path(config)))
     if isinstance(config, Mapping):
         return normalize.through_config_class(config)
     to_dict = getattr(config, "to_dict", None)
     if callable(to_dict):
         return normalize.with_attribute_map(dict(to_dict()), type(config))
     raise TypeError(
-        f"config must be a dict (config.json) or a transformers PretrainedConfig, "
-        f"got {type(config).__name__}"
+        f"config must be a dict (config.json), a path to a config.json or its folder, or a "
+        f"transformers PretrainedConfig, got {type(config).__name__}"
     )
+
+
+def _read_json(path: Path) -> object:
+    """The object in ``path`` (a ``config.json``, or a folder holding one)."""
+    file = path / "config.json" if path.is_dir() else path
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as err:
+        reason = (err.strerror or str(err)).lower()
+        raise ValueError(f"config path {str(file)!r}: {reason}") from None
+    try:
+        found = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"config path {str(file)!r} is not JSON: {err}") from None
+    if not isinstance(found, dict):
+        raise TypeError(f"config path {str(file)!r} holds a {type(found).__name__}, not an object")
+    return found
 
 
 def config_family(config: object) -> tuple[dict[str, Any], Family]:
@@ -212,7 +238,8 @@ def parse_hf_rope_config(config: object, *, layer_type: str | None = None) -> HF
     """Read the RoPE settings of a Hugging Face config (see the module docstring).
 
     Args:
-        config: a ``config.json`` dict or a ``transformers.PretrainedConfig``.
+        config: a ``config.json`` dict, a path to one (or to its folder), or a
+            ``transformers.PretrainedConfig``.
         layer_type: which per-layer-type rope parameters to read, when there are several.
 
     Returns:
@@ -288,7 +315,8 @@ def rope_from_hf_config(
     says which layers those are, and ``posenc.from_hf_config`` refuses to guess.
 
     Args:
-        config: a ``config.json`` dict or a ``transformers.PretrainedConfig``.
+        config: a ``config.json`` dict, a path to one (or to its folder), or a
+            ``transformers.PretrainedConfig``.
         layer_type: which per-layer-type rope parameters to use, when there are several.
         interleaved: pair layout; None (default) takes the family's from ``model_type``.
         max_len: cos/sin cache length built up front.
