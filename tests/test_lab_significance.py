@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posenc.lab.pairwise import cell_interval, compare_all, sentence
+from posenc.lab.claims import sentence
+from posenc.lab.pairwise import cell_interval, compare_all
 from posenc.lab.significance import (
     EXACT_UNITS,
     PERMUTATIONS,
@@ -122,7 +123,7 @@ def _results(rows: dict[str, list[list[float]]], metric: str = "ppl") -> dict:
 
 def test_pairs_are_tested_corrected_and_stated():
     rng = np.random.default_rng(3)
-    base = rng.normal(2.0, 0.2, (3, 40))
+    base = rng.normal(2.0, 0.2, (8, 40))  # 8 seeds: 3 * 2 / 2**8 < 0.05 at the seed level
     results = _results(
         {
             "a": (base - 0.1).tolist(),
@@ -133,9 +134,11 @@ def test_pairs_are_tested_corrected_and_stated():
     found = {(c.first, c.second): c for c in compare_all(results)}
     assert set(found) == {("a", "b"), ("a", "c"), ("b", "c")} or ("c", "b") in found
     ab = found["a", "b"]
-    assert ab.separated and ab.effect == pytest.approx(math.exp(-0.1)) and ab.wins == 3
+    assert ab.separated and ab.effect == pytest.approx(math.exp(-0.1)) and ab.wins == 8
     assert ab.low <= ab.effect <= ab.high < 1.0 and ab.p_holm >= ab.p
-    assert sentence(ab).startswith("a better than b (p_Holm = ")
+    assert ab.p_seed == pytest.approx(2 / 2**8) and ab.p_seed_holm == pytest.approx(6 / 2**8)
+    assert ab.seed_low <= ab.effect <= ab.seed_high < 1.0
+    assert sentence(ab).startswith("a better than b (seeds: p_Holm = 0.023 (p at its floor")
     same = found.get(("b", "c")) or found["c", "b"]
     assert not same.separated and "not separated" in sentence(same)
 

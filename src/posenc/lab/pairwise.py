@@ -1,12 +1,19 @@
 """Every pair of rows compared at every evaluation length, and the table's intervals,
 from the per-segment losses (text) or per-example outcomes (tasks) a run records.
 
-Shapes: ``S`` seeds, ``J`` units per seed. The tests and intervals are those of
-``posenc.lab.significance``: a paired sign-flip permutation test over (seed, unit)
-pairs, Holm's correction over every comparison of the report, a bootstrap interval of
-the effect over seeds and units, and Wilson's interval for accuracies. A pair is called
-*separated* ("A better than B") when the corrected p is below 0.05 and the effect's
-interval excludes no difference.
+Shapes: ``S`` seeds, ``J`` units per seed. Each pair gets two tests:
+
+* **seed level** (``posenc.lab.seedlevel``), the one a claim states: the exact sign-flip
+  test over the per-seed mean differences and the hierarchical bootstrap interval over
+  seeds, then files (text) or examples (tasks) within them;
+* **text sampling** (``posenc.lab.significance``): the sign-flip test over (seed, unit)
+  pairs and a bootstrap over seeds and units; it takes the trained models as given and
+  measures how far the evaluation text could move the comparison.
+
+Each test's p-values are Holm-corrected over every comparison of the report, and
+Wilson's interval gives the accuracy cells. A pair is *separated* ("A better than B")
+when the seed-level corrected p is below 0.05 and its interval excludes no difference;
+``text_separated`` says the same of the text-sampling test.
 """
 
 from __future__ import annotations
@@ -16,7 +23,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from posenc.lab import seedlevel
 from posenc.lab.significance import (
+    EXACT_UNITS,
     PERMUTATIONS,
     bootstrap,
     holm,
@@ -28,8 +37,7 @@ __all__ = [
     "Comparison",
     "cell_interval",
     "compare_all",
-    "pairwise_lines",
-    "sentence",
+    "file_groups",
     "unit_rows",
 ]
 
@@ -42,9 +50,13 @@ class Comparison:
         effect: text: perplexity ratio ``first / second`` (``exp`` of the mean loss
             difference, below 1); tasks: accuracy difference in points (above 0).
         low, high: the effect's 95 % bootstrap interval over seeds and units.
-        p: the permutation test's two-sided p-value; ``p_holm``: Holm-corrected.
+        p: the text-sampling test's two-sided p-value; ``p_holm``: Holm-corrected.
         wins, seeds: seeds in which ``first`` beats ``second``; seeds with both.
         units: paired units tested (seeds x segments or examples).
+        p_seed, p_seed_holm: the seed-level test's p-value, and Holm-corrected.
+        seed_low, seed_high: the effect's hierarchical bootstrap interval.
+        seed_floor, text_floor: the smallest p each test can give (``2 / 2**S``;
+            ``2 / 2**n`` exact or ``1 / (1 + R)`` random flips).
     """
 
     length: str
@@ -58,13 +70,46 @@ class Comparison:
     wins: int
     seeds: int
     units: int
+    p_seed: float = 1.0
+    seed_low: float = 0.0
+    seed_high: float = 0.0
     p_holm: float = 1.0
+    p_seed_holm: float = 1.0
+
+    @property
+    def seed_floor(self) -> float:
+        return seedlevel.floor(self.seeds)
+
+    @property
+    def text_floor(self) -> float:
+        exact = self.units <= EXACT_UNITS
+        return 2.0 / 2**self.units if exact else 1.0 / (1 + PERMUTATIONS)
+
+    @property
+    def _null(self) -> float:
+        return 1.0 if self.metric == "ppl" else 0.0
 
     @property
     def separated(self) -> bool:
-        """Holm-corrected ``p < 0.05`` and an interval that excludes no difference."""
-        null = 1.0 if self.metric == "ppl" else 0.0
-        return self.p_holm < 0.05 and not self.low <= null <= self.high
+        """Seed level: Holm-corrected ``p < 0.05`` and a hierarchical interval that
+        excludes no difference."""
+        return self.p_seed_holm < 0.05 and not self.seed_low <= self._null <= self.seed_high
+
+    @property
+    def text_separated(self) -> bool:
+        """Text sampling: Holm-corrected ``p < 0.05`` and an interval that excludes no
+        difference."""
+        return self.p_holm < 0.05 and not self.low <= self._null <= self.high
+
+    def to_dict(self) -> dict[str, object]:
+        """The record ``results.json`` keeps (``separated``: seed level)."""
+        return {
+            **self.__dict__,
+            "separated": self.separated,
+            "text_separated": self.text_separated,
+            "seed_floor": self.seed_floor,
+            "text_floor": self.text_floor,
+        }
 
 
 #: Rows derived at evaluation time; at or below the training length they are their model.
@@ -87,10 +132,19 @@ def unit_rows(results: dict) -> dict[str, dict[str, dict[int, np.ndarray]]]:
     return table
 
 
+def file_groups(results: dict, units: int) -> np.ndarray | None:
+    """``[J]`` the held-out file of each evaluation segment (segments are recorded file
+    by file, ``data.segments.per_file``); ``None`` for tasks (each example its own
+    cluster) or records that do not say."""
+    per_file = ((results.get("data") or {}).get("segments") or {}).get("per_file")
+    if results["metric"] != "ppl" or not per_file or sum(per_file.values()) != units:
+        return None
+    return np.repeat(np.arange(len(per_file)), list(per_file.values()))
+
+
 def compare_all(results: dict) -> list[Comparison]:
-    """Every pair of rows at every evaluation length, with Holm's correction over all
-    of them. Up to the training length, rows derived at evaluation time are left out."""
-    text = results["metric"] == "ppl"
+    """Every pair of rows at every evaluation length, both tests Holm-corrected over
+    all of them. Up to the training length, rows derived at evaluation time are left out."""
     kinds = {row["label"]: row["kind"] for run in results["runs"] for row in run["rows"]}
     table = unit_rows(results)
     train_len = results["config"]["train_len"]
@@ -104,39 +158,50 @@ def compare_all(results: dict) -> list[Comparison]:
         ]
         for i, a in enumerate(labels):
             for b in labels[i + 1 :]:
-                found = _compare(length, a, b, table[a][length], table[b][length], text=text)
+                found = _compare(length, a, b, table[a][length], table[b][length], results)
                 if found is not None:
                     out.append(found)
-    p = [0.0] * len(out)
-    for size in {diff.size for _, diff in out}:  # one matrix product per unit count
-        index = [i for i, (_, diff) in enumerate(out) if diff.size == size]
-        tested = sign_flip_tests(np.stack([out[i][1].ravel() for i in index]))
-        for i, value in zip(index, tested.tolist(), strict=True):
-            p[i] = value
-    adjusted = holm(p)
+    p = _grouped(out, lambda d: d.ravel(), sign_flip_tests)
+    p_seed = _grouped(out, lambda d: d.mean(1), seedlevel.seed_sign_flip_tests)
     return [
-        Comparison(**{**c.__dict__, "p": pi, "p_holm": ph})
-        for (c, _), pi, ph in zip(out, p, adjusted, strict=True)
+        Comparison(**{**c.__dict__, "p": pi, "p_holm": ph, "p_seed": ps, "p_seed_holm": psh})
+        for (c, _), pi, ph, ps, psh in zip(out, p, holm(p), p_seed, holm(p_seed), strict=True)
     ]
 
 
-def _compare(length: str, a: str, b: str, ua: dict, ub: dict, *, text: bool) -> Comparison | None:
+def _grouped(found: list, take, test) -> list[float]:
+    """``test`` of ``take(diff)`` for every comparison, one call per vector size."""
+    p = [1.0] * len(found)
+    for size in {take(diff).size for _, diff in found}:
+        index = [i for i, (_, diff) in enumerate(found) if take(diff).size == size]
+        tested = test(np.stack([take(found[i][1]) for i in index]))
+        for i, value in zip(index, tested.tolist(), strict=True):
+            p[i] = value
+    return p
+
+
+def _compare(
+    length: str, a: str, b: str, ua: dict, ub: dict, results: dict
+) -> tuple[Comparison, np.ndarray] | None:
+    text = results["metric"] == "ppl"
     seeds = [s for s in ua if s in ub and ua[s].shape == ub[s].shape]
-    if not seeds:
+    if not seeds or len({ua[s].size for s in seeds}) != 1:
         return None
     diff = np.stack([ua[s] - ub[s] for s in seeds])  # [S, J]: a - b
     sign = 1.0 if text else -1.0  # lower loss / higher accuracy is better
     if sign * diff.mean() > 0:  # b is the better one: test b - a
         a, b, diff = b, a, -diff
     per_seed = diff.mean(1)
+    groups = file_groups(results, diff.shape[1])
     if text:
-        effect = math.exp(diff.mean())
-        low, high = bootstrap(diff, lambda m: np.exp(m.mean(1)), crossed=True)
+        effect, statistic = math.exp(diff.mean()), lambda m: np.exp(m.mean(1))
+        low, high = bootstrap(diff, statistic, crossed=True)
         wins = int(np.sum(per_seed < 0))
     else:
-        effect = 100 * diff.mean()
-        low, high = bootstrap(diff, lambda m: 100 * m.mean(1), crossed=False)
+        effect, statistic = 100 * diff.mean(), lambda m: 100 * m.mean(1)
+        low, high = bootstrap(diff, statistic, crossed=False)
         wins = int(np.sum(per_seed > 0))
+    seed_low, seed_high = seedlevel.hierarchical_bootstrap(diff, statistic, groups=groups)
     found = Comparison(
         length=length,
         first=a,
@@ -149,6 +214,8 @@ def _compare(length: str, a: str, b: str, ua: dict, ub: dict, *, text: bool) -> 
         wins=wins,
         seeds=len(seeds),
         units=diff.size,
+        seed_low=seed_low,
+        seed_high=seed_high,
     )
     return found, diff
 
@@ -166,56 +233,3 @@ def cell_interval(units: dict[int, np.ndarray], metric: str) -> tuple[float, flo
         return None
     values = np.stack(list(units.values()))  # [S, J]
     return bootstrap(values, lambda m: np.exp(m).mean(1), crossed=True)
-
-
-def _where(length: int, train_len: int) -> str:
-    return "the training length" if length == train_len else f"{length / train_len:g}x training"
-
-
-def sentence(c: Comparison) -> str:
-    """``"A better than B (p, effect [interval], seeds)"``, or ``"A vs B: not separated
-    (...)"``; ``p`` is Holm-corrected."""
-    if c.metric == "ppl":
-        effect = f"perplexity x{c.effect:.3f} [{c.low:.3f}, {c.high:.3f}]"
-    else:
-        effect = f"{c.effect:+.1f} points [{c.low:+.1f}, {c.high:+.1f}]"
-    detail = f"p_Holm = {c.p_holm:.2g}, {effect}, better in {c.wins}/{c.seeds} seeds"
-    if c.separated:
-        return f"{c.first} better than {c.second} ({detail})"
-    return f"{c.first} vs {c.second}: not separated ({detail})"
-
-
-def pairwise_lines(results: dict, comparisons: list[Comparison]) -> list[str]:
-    """The report's section: how the tests work, then every pair at every length,
-    separated pairs first."""
-    if not comparisons:
-        return []
-    units = "segments" if results["metric"] == "ppl" else "examples"
-    effect = (
-        "perplexity ratio (exp of the mean per-byte loss difference)"
-        if results["metric"] == "ppl"
-        else "accuracy difference"
-    )
-    lines = [
-        "Pairwise tests, every pair at every length: a paired sign-flip permutation test of "
-        f"the mean difference over (seed, {units[:-1]}) pairs (exact, or "
-        f"{PERMUTATIONS:,} random flips), p-values Holm-corrected over all "
-        f"{len(comparisons)} comparisons of this report; effect: {effect} with its 95 % "
-        f"bootstrap interval over seeds and {units}. The test takes the trained models as "
-        "given (it measures the evaluation text); the interval and the seed count also "
-        "cover the training seed. 'Better than' needs p_Holm < 0.05 and an interval that "
-        "excludes no difference. The table's intervals include which text was sampled, so "
-        "they overlap even where the paired tests separate two rows.",
-        "",
-    ]
-    train_len = results["config"]["train_len"]
-    for n in results["config"]["eval_lens"]:
-        here = [c for c in comparisons if c.length == str(n)]
-        if not here:
-            continue
-        split = sum(c.separated for c in here)
-        lines += [f"At {n} ({_where(n, train_len)}), {split} of {len(here)} pairs separated:", ""]
-        here.sort(key=lambda c: (not c.separated, c.p_holm))
-        lines += [f"- {sentence(c)}" for c in here]
-        lines.append("")
-    return lines

@@ -22,8 +22,9 @@ from rich.table import Table
 from rich.text import Text
 
 from posenc.lab import stats
+from posenc.lab.claims import pairwise_lines
 from posenc.lab.curves import budget_sentence, stop_sentence
-from posenc.lab.pairwise import Comparison, cell_interval, compare_all, pairwise_lines, unit_rows
+from posenc.lab.pairwise import Comparison, cell_interval, compare_all, unit_rows
 from posenc.lab.plots import figure_names
 
 __all__ = [
@@ -222,7 +223,7 @@ def print_table(results: dict, console: Console) -> None:
 
 def conclusions(results: dict, comparisons: list[Comparison] | None = None) -> list[str]:
     """One sentence per evaluation length: the rows best first, ``<`` (``>`` for
-    accuracy) where the pairwise test separates the left row from the next
+    accuracy) where the seed-level pairwise test separates the left row from the next
     (``posenc.lab.pairwise``; without ``comparisons``: where it is better in every
     seed), ``≈`` where it does not."""
     seeds = len(results["seeds"])
@@ -247,8 +248,9 @@ def conclusions(results: dict, comparisons: list[Comparison] | None = None) -> l
     return sentences
 
 
-def markdown(results: dict) -> str:
-    """``report.md``: what was run, the table, the orderings, paired wins, figures, notes."""
+def markdown(results: dict, comparisons: list[Comparison] | None = None) -> str:
+    """``report.md``: what was run, the table, the orderings, paired wins, figures, notes
+    (``comparisons``: the pairwise tests when already computed)."""
     config, data = results["config"], results["data"]
     lens = config["eval_lens"]
     seeds = ", ".join(str(s) for s in results["seeds"])
@@ -287,7 +289,8 @@ def markdown(results: dict) -> str:
             "show those."
         )
     final = results["status"] != "running"  # intervals and tests once the sweep ends
-    comparisons = compare_all(results) if final else []
+    if comparisons is None:
+        comparisons = compare_all(results) if final else []
     lines += ["", "| encoding | " + " | ".join(str(n) for n in lens) + " |"]
     lines.append("|---|" + "---:|" * len(lens))
     cells = table_cells(results, intervals=final)
@@ -296,7 +299,7 @@ def markdown(results: dict) -> str:
         return "\n".join([*lines, "", "Intervals and tests follow when the sweep ends.", ""])
     tested = bool(comparisons)
     rule = (
-        "separated by the pairwise test below" if tested else "better in every seed"
+        "separated across seeds by the seed-level test below" if tested else "better in every seed"
     ) + "; `≈`: not"
     lines += [
         "",

@@ -26,9 +26,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from posenc.lab import plots, report
+from posenc.lab.claims import comparisons_record
 from posenc.lab.config import LabConfig
 from posenc.lab.distributed import Context, init_context
 from posenc.lab.jobs import longest_first, run_cost, run_in_processes
+from posenc.lab.pairwise import compare_all
 from posenc.lab.progress import RunLog
 from posenc.lab.results import (
     check_identity,
@@ -89,8 +91,13 @@ def merged(
 
 
 def _publish(out: Path, results: dict, *, figures: bool) -> list[Path]:
+    """Write ``results.json`` and ``report.md`` (and the figures); once the sweep ends,
+    ``results`` gains the pairwise tests (``"comparisons"``, ``posenc.lab.claims``)."""
+    comparisons = compare_all(results) if results["status"] != "running" else []
+    if comparisons:
+        results["comparisons"] = comparisons_record(comparisons)
     write_json(out / "results.json", results)
-    write_text(out / "report.md", report.markdown(results))
+    write_text(out / "report.md", report.markdown(results, comparisons))
     written = [out / "results.json", out / "report.md"]
     if figures:
         written += plots.draw_all(results, out)
