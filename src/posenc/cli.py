@@ -21,7 +21,7 @@ from posenc import __version__
 
 #: Subcommand modules in ``posenc.commands``; each defines ``add_parser(subparsers)``,
 #: which registers its parser and sets ``func(args) -> int | None`` as its default.
-COMMANDS = ("list", "show", "explain", "lab", "bench", "extend")
+COMMANDS = ("list", "show", "explain", "lab", "bench", "extend", "audit")
 
 #: The prefix of every error line the command line prints.
 PREFIX = "posenc: error: "

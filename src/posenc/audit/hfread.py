@@ -1,0 +1,175 @@
+"""A ``config.json``'s positions as transformers runs them, and as posenc's plan builds them.
+
+Shapes: ``P`` positions, ``R`` rotary dims, ``L`` layers.
+
+* ``read_transformers``: the angles and the cos/sin factor come from transformers' own
+  rotary module of the family (``<Family>RotaryEmbedding`` in its modeling file, built on
+  transformers' config class; per layer type where the module keeps one table per type),
+  after its ``forward`` has seen a ``context``-token sequence (so dynamic NTK and LongRoPE
+  choose their frequencies as they would); which layers rotate and the pair layout are
+  posenc's family table (``posenc.hf.layer_plan``), checked against transformers' modeling
+  code layer by layer in the ``posenc.hf`` tests.
+* ``read_posenc``: ``posenc.hf.layer_plan``'s modules, their ``inv_freq`` and
+  ``attention_scale`` after ``observe_length(context)``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from posenc.audit.reading import LayerPositions, Reading, no_rotation
+
+__all__ = ["read_posenc", "read_transformers"]
+
+_FIELDS = (
+    "model_type",
+    "rope_theta",
+    "rope_scaling",
+    "rope_parameters",
+    "partial_rotary_factor",
+    "head_dim",
+    "max_position_embeddings",
+    "sliding_window",
+    "layer_types",
+    "no_rope_layers",
+)
+
+
+def _raw_fields(config: Mapping[str, Any]) -> dict[str, Any]:
+    text = config.get("text_config") or config
+    return {k: text[k] for k in _FIELDS if k in text}
+
+
+def _plan(config: Mapping[str, Any]) -> list[Any]:
+    from posenc.hf import layer_plan
+
+    return layer_plan(dict(config))
+
+
+def _layer(module: Any, positions: np.ndarray, context: int, window: int | None) -> LayerPositions:
+    from posenc.encodings.rotary.module import RotaryEmbedding
+
+    if not isinstance(module, RotaryEmbedding):
+        return no_rotation(_head_dim(module), len(positions), sliding_window=window)
+    module.observe_length(context)
+    inv_freq = module.inv_freq.double().numpy()  # [R/2]
+    return LayerPositions(
+        rotates=True,
+        head_dim=module.head_dim,
+        rotary_dim=module.rotary_dim,
+        pairs="adjacent" if module.interleaved else "half",
+        angles=positions[:, None].astype(np.float64) * inv_freq[None, :],
+        scale=np.full(len(positions), float(module.attention_scale)),
+        sliding_window=window,
+    )
+
+
+def _head_dim(module: Any) -> int:
+    return int(getattr(module, "head_dim", 0) or 0)
+
+
+def _windows(config: Mapping[str, Any], layers: int) -> list[int | None]:
+    from posenc.hf.config import as_config_dict, layer_types_of
+
+    read = as_config_dict(dict(config))
+    text = read.get("text_config") or read
+    kinds = layer_types_of(text)
+    window = text.get("sliding_window")
+    if not kinds:
+        return [None] * layers
+    return [window if kind == "sliding_attention" else None for kind in kinds]
+
+
+def read_posenc(
+    config: Mapping[str, Any], positions: Sequence[int] | np.ndarray, *, context: int
+) -> Reading:
+    """posenc's plan for ``config`` (``posenc.hf.layer_plan``) at ``positions`` (``[P]``)."""
+    pos = np.asarray(positions)
+    plan = _plan(config)
+    windows = _windows(config, len(plan))
+    head_dim = max((_head_dim(m) for m in plan), default=0)
+    layers = []
+    for module, window in zip(plan, windows, strict=True):
+        layer = _layer(module, pos, context, window)
+        if not layer.rotates and not layer.head_dim:
+            layer = no_rotation(head_dim, len(pos), sliding_window=window)
+        layers.append(layer)
+    return Reading("posenc", pos, context, tuple(layers), _raw_fields(config))
+
+
+def _rotary_class(config: Any) -> type:
+    """The family's rotary module: the modeling file beside the config class's file."""
+    model_type = config.model_type
+    module = importlib.import_module(
+        type(config).__module__.replace(".configuration_", ".modeling_")
+    )
+    found = [
+        obj
+        for name, obj in inspect.getmembers(module, inspect.isclass)
+        if name.endswith("RotaryEmbedding")
+        and obj.__module__ == module.__name__
+        and not any(word in name for word in ("Vision", "Audio", "Image"))
+    ]
+    if not found:
+        raise ValueError(f"transformers' {model_type} modeling file has no rotary module")
+    return min(found, key=lambda cls: len(cls.__name__))
+
+
+def _config_object(config: Mapping[str, Any]) -> Any:
+    from transformers import AutoConfig
+
+    fields = dict(config)
+    model_type = fields.pop("model_type", None)
+    if model_type is None:
+        raise ValueError("config.json has no model_type: transformers cannot pick a class")
+    try:
+        built = AutoConfig.for_model(model_type, **fields)
+    except (ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"transformers refuses this {model_type} config: {err}") from None
+    return built.get_text_config()
+
+
+def read_transformers(
+    config: Mapping[str, Any], positions: Sequence[int] | np.ndarray, *, context: int
+) -> Reading:
+    """transformers' rotary module for ``config`` at ``positions`` (``[P]``), per layer."""
+    import torch
+
+    pos = np.asarray(positions)
+    text = _config_object(config)
+    rotary = _rotary_class(text)(config=text)
+    per_type = isinstance(getattr(rotary, "rope_type", None), dict)
+    kinds = getattr(text, "layer_types", None) or []
+    plan = _plan(config)
+    windows = _windows(config, len(plan))
+    ids = torch.tensor([[context - 1]])
+    layers = []
+    for i, (module, window) in enumerate(zip(plan, windows, strict=True)):
+        planned = _layer(module, pos, context, window)
+        if not planned.rotates:
+            layers.append(planned)
+            continue
+        kind = kinds[i] if per_type else None
+        prefix = f"{kind}_" if per_type else ""
+        with torch.no_grad():
+            args = {"layer_type": kind} if per_type else {}
+            rotary(torch.zeros(1, dtype=torch.float32), ids, **args)
+        inv_freq = getattr(rotary, f"{prefix}inv_freq").double().numpy()  # [R/2]
+        scale = float(getattr(rotary, f"{prefix}attention_scaling"))
+        layers.append(
+            LayerPositions(
+                rotates=True,
+                head_dim=planned.head_dim,
+                rotary_dim=2 * len(inv_freq),
+                pairs=planned.pairs,
+                angles=pos[:, None].astype(np.float64) * inv_freq[None, :],
+                scale=np.full(len(pos), scale),
+                sliding_window=window,
+            )
+        )
+    return Reading("transformers", pos, context, tuple(layers), _raw_fields(config))
