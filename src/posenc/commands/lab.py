@@ -49,7 +49,7 @@ FLAGS = {
 #: Options that apply to some tasks only (``lm`` is text): given for another, refused.
 _TASK_ONLY = {
     "passkey_key_len": ("passkey",),
-    "eval_examples": ("copy", "reverse", "recall", "passkey"),
+    "eval_examples": ("copy", "reverse", "recall", "passkey", "addition", "sort"),
     "corpus": ("lm",),
     "eval_tokens": ("lm",),
     "eval_stride": ("lm",),
@@ -81,6 +81,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         DEFAULT_ENCODINGS,
         LEARNED,
         PROFILES,
+        TASKS,
         LabConfig,
         quick_defaults,
         thorough_defaults,
@@ -109,7 +110,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--task",
-        choices=("copy", "reverse", "recall", "passkey"),
+        choices=TASKS[1:],
         help="a synthetic task instead of text (exact-match and per-token accuracy)",
     )
     p.add_argument(

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from posenc._checks import check_float, check_int, check_probability
 from posenc.base import available, info
 from posenc.lab.precision import check_precision
+from posenc.lab.tasks import TASK_NAMES
 
 __all__ = [
     "DEFAULT_ENCODINGS",
@@ -95,7 +96,7 @@ def check_limit(name: str, value: int) -> int:
 #: Rotary context-extension scalings evaluated without training (see the module docstring).
 SCALINGS = ("linear", "ntk", "dynamic", "yarn")
 #: ``lm`` is next-byte prediction on text; the others are synthetic (see ``posenc.lab.tasks``).
-TASKS = ("lm", "copy", "reverse", "recall", "passkey")
+TASKS = ("lm", *TASK_NAMES)
 _BEYOND = ("error", "interpolate")
 #: In-distribution exact match a synthetic task needs to count as learned.
 LEARNED = 0.9

@@ -9,6 +9,15 @@ answer token is the argmax (exact match, which is what greedy decoding would pro
 * ``reverse``: ``x_1 .. x_n | x_n .. x_1``;
 * ``recall`` (multi-query associative recall): ``k_1 v_1 .. k_n v_n |`` followed by
   ``min(n, 4)`` of the keys, each with its value to be recalled;
+* ``addition`` (Zhou et al. 2024, "Transformers Can Achieve Length Generalization But
+  Not Robustly", section 2, and Kazemnejad et al. 2023, appendix: the reversed format):
+  two ``n``-digit numbers and their ``n + 1``-digit sum, every number written least
+  significant digit first, ``a_1 .. a_n + b_1 .. b_n = c_1 .. c_{n+1}`` (so each answer
+  digit needs only the digits at its own position and the carry), scored on the sum;
+* ``sort`` (Ruoss et al. 2023, "Randomized Positional Encodings Boost Length
+  Generalization of Transformers", section 4 and its table of tasks, after Deletang et
+  al. 2023): ``x_1 .. x_n | sorted(x)``, ``n`` symbols of an alphabet of 16 in
+  ascending order;
 * ``passkey`` (Mohtashami & Jaggi 2023, "Landmark Attention", section 4.2): a key of
   ``key_len`` digits ``K d_1 .. d_n`` (default ``KEY_LEN``) hidden at a depth inside
   periodic filler, then ``Q`` and the key to be retrieved. Evaluation places the key at
@@ -35,10 +44,11 @@ _SYMBOLS = 16  # content alphabet of copy/reverse, value alphabet of recall
 _FIRST = 2  # first content token id
 _QUERIES = 4
 #: The synthetic tasks.
-TASK_NAMES = ("copy", "reverse", "recall", "passkey")
+TASK_NAMES = ("copy", "reverse", "recall", "passkey", "addition", "sort")
 #: Passkey: digits, filler period, and the depths (fractions of the filler before the key)
 #: evaluated in turn.
 _DIGITS, _FILLER = 10, 6
+_PLUS = _FIRST + _DIGITS  # addition's "+" (its "=" is SEP)
 #: Digits of the passkey by default.
 KEY_LEN = 5
 DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -69,12 +79,16 @@ class Task:
     def vocab_size(self) -> int:
         if self.name == "passkey":
             return _FIRST + _DIGITS + _FILLER + 2  # digits, filler, K, Q
+        if self.name == "addition":
+            return _PLUS + 1  # digits and "+"
         return _FIRST + _SYMBOLS + self.num_keys
 
     def size(self, length: int) -> int:
         """The largest problem size whose input fits ``length`` tokens (passkey: filler)."""
         if self.name == "passkey":
             return length + 1 - 2 * (self.key_len + 1)
+        if self.name == "addition":  # n + 1 + n + 1 + (n + 1) tokens, less the last
+            return (length - 2) // 3
         if self.name != "recall":
             return length // 2
         return length // 2 - _QUERIES if length >= 4 * _QUERIES else length // 4
@@ -86,6 +100,8 @@ class Task:
         the key after ``depth * n`` filler tokens; ``None``: a random depth)."""
         if self.name == "passkey":
             return self._passkey(n, gen, depth)
+        if self.name == "addition":
+            return _addition(n, gen)
         if self.name == "recall":
             keys = _FIRST + _SYMBOLS + torch.randperm(self.num_keys, generator=gen)[:n]
             values = torch.randint(_FIRST, _FIRST + _SYMBOLS, (n,), generator=gen)
@@ -97,7 +113,9 @@ class Task:
             scored[2 * n + 1 :: 2] = True  # the positions that read a key and predict its value
         else:
             symbols = torch.randint(_FIRST, _FIRST + _SYMBOLS, (n,), generator=gen)
-            answer = symbols.flip(0) if self.name == "reverse" else symbols
+            answer = {"reverse": symbols.flip(0), "sort": symbols.sort().values}.get(
+                self.name, symbols
+            )
             seq = torch.cat((symbols, torch.tensor([SEP]), answer))
             scored = torch.zeros(seq.numel() - 1, dtype=torch.bool)
             scored[n:] = True
@@ -149,3 +167,20 @@ class Task:
             inputs[row, : x.numel()] = x
             targets[row, : y.numel()] = y
         return inputs, targets
+
+
+def _addition(n: int, gen: torch.Generator) -> tuple[Tensor, Tensor]:
+    """``a + b = c``, digits least significant first: inputs and targets ``[3n + 2]``,
+    the targets only on the ``n + 1`` digits of ``c``."""
+    a, b = torch.randint(0, _DIGITS, (2, n), generator=gen)  # [n] each, units first
+    c = torch.zeros(n + 1, dtype=torch.long)
+    carry = 0
+    for i, (x, y) in enumerate(zip(a.tolist(), b.tolist(), strict=True)):
+        carry, c[i] = divmod(x + y + carry, _DIGITS)
+    c[n] = carry
+    seq = torch.cat(
+        (_FIRST + a, torch.tensor([_PLUS]), _FIRST + b, torch.tensor([SEP]), _FIRST + c)
+    )
+    scored = torch.zeros(seq.numel() - 1, dtype=torch.bool)
+    scored[2 * n + 1 :] = True  # "=" and c_1 .. c_n predict c_1 .. c_{n+1}
+    return seq[:-1], torch.where(scored, seq[1:], IGNORE)
