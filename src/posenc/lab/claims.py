@@ -43,11 +43,11 @@ def sentence(c: Comparison) -> str:
     ``"A vs B: significant on this text, not across seeds (...)"`` (the text-sampling
     test's p_Holm < 0.05) or ``"A vs B: not
     separated (...)"``; both p-values Holm-corrected."""
+    draws = ", Monte Carlo" if c.seeds > EXACT_SEEDS else ""
     seeds = (
-        f"seeds: {_p(c.p_seed_holm, c.p_seed, c.seed_floor, c.seeds > EXACT_SEEDS)} "
-        f"(smallest possible with {c.seeds} seed{'s' * (c.seeds != 1)}: {c.seed_floor:.2g}), "
-        f"{_effect(c)} {_interval(c, c.seed_low, c.seed_high)}, better in {c.wins}/{c.seeds} "
-        "seeds"
+        f"seeds: p_Holm = {c.p_seed_holm:.2g} (p = {c.p_seed:.2g}; smallest possible with "
+        f"{c.seeds} seed{'s' * (c.seeds != 1)}: {c.seed_floor:.2g}{draws}), {_effect(c)} "
+        f"{_interval(c, c.seed_low, c.seed_high)}, better in {c.wins}/{c.seeds} seeds"
     )
     text = f"text: {_p(c.p_holm, c.p, c.text_floor, c.units > EXACT_UNITS)}"
     detail = f"{seeds}; {text}, {_interval(c, c.low, c.high)}"
