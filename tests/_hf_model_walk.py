@@ -57,7 +57,23 @@ TINY = {
     "qk_rope_head_dim": 8,
     "qk_nope_head_dim": 8,
     "v_head_dim": 16,
+    # linear-attention heads (gated delta nets; 128-feature heads at full size)
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_head_dim": 16,
+    "linear_num_heads": 4,
 }
+_BLT_STACK = {
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "num_hidden_layers": 1,
+    "intermediate_size": 64,
+    "head_dim": 16,
+}
+_BLT_LOCAL = {**_BLT_STACK, "hidden_size_global": 64}
 # fields beyond TINY that a family needs to build tiny (its defaults assume full size)
 FIELDS: dict[str, dict] = {
     "mimo_v2_flash": {"head_dim": 48},  # partial_rotary_factor 0.334: an even rotary dim
@@ -77,6 +93,26 @@ FIELDS: dict[str, dict] = {
     "zaya": {"num_experts_per_tok": 1},  # ZAYA routes each token to one expert
     "dots1": {"n_shared_experts": 1},
     "lfm2_moe": {"layer_types": ["conv", "full_attention"], "num_dense_layers": 1},
+    # DBRX names its sizes d_model / n_heads and nests them; its attention module reads
+    # rope_theta and clip_qkv from attn_config, where released configs set them (the
+    # rotary module takes rope_parameters' base: posenc refuses the nested one by name)
+    "dbrx": {
+        "d_model": 64,
+        "n_heads": 4,
+        "ffn_config": {"ffn_hidden_size": 64, "moe_num_experts": 4, "moe_top_k": 2},
+        "attn_config": {"rope_theta": 500000.0, "kv_n_heads": 2, "clip_qkv": 8.0},
+    },
+    # BLT: each stack's sub-config (the defaults build a 500k-row hash embedding)
+    "blt": {
+        "encoder_hash_byte_group_vocab": 64,
+        "encoder_config": _BLT_LOCAL,
+        "decoder_config": _BLT_LOCAL,
+        "global_config": _BLT_STACK,
+        "patcher_config": _BLT_STACK,
+    },
+    # Gemma 3n: no KV-sharing layers (their pattern needs all 35 layers); each layer type
+    # still rotates as in the released model
+    "gemma3n_text": {"num_kv_shared_layers": 0},
     # one group of the 4 tiny experts
     "bailing_hybrid": {"num_expert_group": 1, "topk_group": 1, "num_experts_per_token": 2},
     **{name: {"n_group": 1, "topk_group": 1} for name in ("axk1", "beam")},

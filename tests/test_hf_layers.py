@@ -39,21 +39,11 @@ NOT_BUILT = {
         r"unsupported operand type\(s\) for //: 'NoneType'",
         "its default config leaves the sparse indexer's sizes unset",
     ),
-    "dbrx": (
-        AttributeError,
-        "'DbrxAttentionConfig' object has no attribute 'rope_theta'",
-        "rebuilt from the shrunk dict, its nested attn_config lacks the rope_theta that "
-        "transformers reads",
-    ),
-    "gemma3n_text": (
-        ValueError,
-        "layer types producing a cache is different",
-        "its KV-sharing layers need the full layer pattern, which two layers cut",
-    ),
     "dory": (
         StrictDataclassClassValidationError,
         r"n_input_layers \+ n_recurrent_layers \+ n_output_layers",
-        "its input + recurrent + output layer counts (8 + 8 by default) must sum to the layers",
+        "its dict form counts attention and MLP blocks as layers (twice the layers, and a "
+        "layer_types twice as long), which the walk's shrinking does not follow",
     ),
     "dots3_note_text": (
         StrictDataclassClassValidationError,
@@ -67,8 +57,8 @@ NOT_BUILT = {
         "transformers' generate fails on its recurrent cache",
     ),
 }
-# families whose positions differ from one rotary table per layer type: patch refuses them
-# by name (their layer plans are still checked)
+# families that patch refuses by name (the reason; their layer plans are still checked):
+# positions other than one rotary table per layer type, or no rotary module to replace
 PATCH_REFUSED = {
     "granite_swa": "a RoPE base per layer (layer_rope_theta)",
     "granitemoe_swa": "a RoPE base per layer (layer_rope_theta)",
@@ -76,7 +66,6 @@ PATCH_REFUSED = {
     "moshi": "two rotary modules (the depth decoder has its own)",
     "qwen3_5_text": "M-RoPE over three position axes (qwen3_5_mrope)",
     "qwen3_5_moe_text": "M-RoPE over three position axes (qwen3_5_mrope)",
-    # no rotary module at all in the default config (NoPE): nothing to patch
     "granitemoehybrid": "position_embedding_type None: no rotary_emb",
     "zamba2": "use_mem_rope False: no rotary_emb",
     "lfm2_moe": "its rotary module is named pos_emb, not rotary_emb",
@@ -165,3 +154,24 @@ def test_lara_mini_rotates_its_sliding_layers_only():
     assert {"full_attention", "linear_attention"} <= set(config.layer_types)
     assert _rotating(posenc.hf.layer_plan(config)) == sliding
     assert _rotating(posenc.hf.layer_plan(config.to_diff_dict())) == sliding
+
+
+_GRANITE_HYBRID = {"layer_types": ["mamba", "attention"], "num_hidden_layers": 2}
+
+
+@pytest.mark.parametrize(
+    ("name", "fields", "rotating"),
+    [
+        ("Qwen3_5TextConfig", {"num_hidden_layers": 4}, [3]),  # gated delta nets, then full
+        ("BambaConfig", {"num_hidden_layers": 3, "attn_layer_indices": [1]}, [1]),  # Mamba
+        ("Zamba2Config", {}, []),  # use_mem_rope False: no rotary module
+        ("GraniteMoeHybridConfig", _GRANITE_HYBRID, []),  # position_embedding_type None
+        ("GraniteMoeHybridConfig", {**_GRANITE_HYBRID, "position_embedding_type": "rope"}, [1]),
+    ],
+)
+def test_layers_without_a_rotation_are_nope(name, fields, rotating):
+    """Layers whose model code calls no rotation (recurrent and state-space layers, models
+    whose config turns RoPE off) are NoPE in the plan, from the config and its dict."""
+    config = getattr(transformers, name)(**fields)
+    assert _rotating(posenc.hf.layer_plan(config)) == rotating
+    assert _rotating(posenc.hf.layer_plan(config.to_diff_dict())) == rotating

@@ -44,7 +44,8 @@ __all__ = ["from_hf_config", "layer_plan"]
 
 
 def _num_layers(cfg: Mapping[str, Any]) -> int:
-    layers = cfg.get("num_hidden_layers")
+    # LongCat-Flash counts its layers as num_layers (two attention modules each, one rotary)
+    layers = cfg.get("num_hidden_layers", cfg.get("num_layers"))
     if layers is None:
         kinds = layer_types_of(cfg)
         if kinds is None:

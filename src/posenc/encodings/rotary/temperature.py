@@ -17,13 +17,13 @@ the softmax over long contexts; keys are unchanged. Transformers' forms:
 
 Which position: posenc scales a query by the position it is given (``q_pos``), as it
 rotates it. transformers' Llama 4 takes the token index instead (the cache length plus
-``0..T-1``), whatever ``position_ids`` the model gets; the two agree when the positions are
-the token indices (transformers' default), and differ by ``beta ln 2`` relative where one
-crosses a multiple of ``length`` and the other does not (``position_ids`` shifted by 6: from
-token 8186, ``floor_scale`` 8192). To reproduce transformers under other positions, pass the
-token indices as ``q_pos``. ``posenc.hf.patch`` replaces only a model's rotation and leaves
-this scale to the model's own attention code, so a patched Llama 4 equals the model under
-any ``position_ids``.
+``0..T-1``), whatever ``position_ids`` the model gets. The two agree when the positions are
+the token indices (transformers' default); otherwise they differ wherever the position and
+the index lie in different steps of ``length`` (``position_ids`` ahead by 6 with Llama 4's
+``floor_scale`` 8192 and ``attn_scale`` 0.1: by ``0.1 ln 2 = 0.069`` from token 8186). To
+reproduce transformers under other positions, pass the token indices as ``q_pos``.
+``posenc.hf.patch`` replaces only a model's rotation and leaves this scale to the model's
+own attention code, so a patched Llama 4 equals the model under any ``position_ids``.
 
 A scalar per query commutes with any rotation, so ``Compose([rope, temperature])`` gives
 the same queries in either order. The scale is computed in float64 and the product
