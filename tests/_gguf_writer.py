@@ -20,12 +20,15 @@ def write_gguf(
     *,
     edit: Edit | None = None,
     tensors: Mapping[str, np.ndarray] | None = None,
+    architecture: str | None = None,
 ) -> Path:
     """Write ``config``'s GGUF at ``path``; ``edit(arch, kv, tensors)`` may change the
-    fields first (a converter bug). Returns ``path``."""
+    fields first and ``architecture`` replace the converter's (a converter bug). Returns
+    ``path``."""
     import gguf
 
     arch, kv, rope_tensors = converter_fields(config)
+    arch = architecture or arch
     rope_tensors = {**rope_tensors, **(tensors or {})}
     if edit is not None:
         edit(arch, kv, rope_tensors)

@@ -29,6 +29,30 @@ _LLAMA31 = {
     "original_max_position_embeddings": 8192,
 }
 
+DEEPSEEK_V2_LITE = _c(
+    "deepseek_v2",
+    2048,
+    16,
+    16,
+    27,
+    163840,
+    qk_rope_head_dim=64,
+    qk_nope_head_dim=128,
+    v_head_dim=128,
+    kv_lora_rank=512,
+    q_lora_rank=None,
+    rope_theta=10000,
+    rope_scaling={
+        "type": "yarn",
+        "factor": 40,
+        "original_max_position_embeddings": 4096,
+        "beta_fast": 32,
+        "beta_slow": 1,
+        "mscale": 0.707,
+        "mscale_all_dim": 0.707,
+    },
+)
+
 RELEASED: dict[str, dict[str, Any]] = {
     "meta-llama/Llama-2-7b-hf": _c("llama", 4096, 32, 32, 32, 4096, rope_theta=10000.0),
     "codellama/CodeLlama-7b-hf": _c("llama", 4096, 32, 32, 32, 16384, rope_theta=1000000),
@@ -100,5 +124,16 @@ RELEASED: dict[str, dict[str, Any]] = {
     "EleutherAI/pythia-160m": _c(
         "gpt_neox", 768, 12, 12, 12, 2048, rotary_pct=0.25, rotary_emb_base=10000
     ),
+    "Qwen/Qwen2-VL-7B-Instruct": _c(
+        "qwen2_vl",
+        3584,
+        28,
+        4,
+        28,
+        32768,
+        rope_theta=1000000.0,
+        rope_scaling={"type": "mrope", "mrope_section": [16, 24, 24]},
+    ),
+    "deepseek-ai/DeepSeek-V2-Lite": DEEPSEEK_V2_LITE,
     "tiiuae/falcon-7b": _c("falcon", 4544, 71, 1, 32, 2048, rope_theta=10000.0),
 }

@@ -52,20 +52,38 @@ def _plan(config: Mapping[str, Any]) -> list[Any]:
 
 
 def _layer(module: Any, positions: np.ndarray, context: int, window: int | None) -> LayerPositions:
+    """A plan module's ``LayerPositions``: RoPE (or M-RoPE around one), or no rotation for
+    an encoding that does not touch queries and keys (NoPE, ALiBi, biases)."""
+    from posenc.base import Site
     from posenc.encodings.rotary.module import RotaryEmbedding
 
-    if not isinstance(module, RotaryEmbedding):
-        return no_rotation(_head_dim(module), len(positions), sliding_window=window)
-    module.observe_length(context)
-    inv_freq = module.inv_freq.double().numpy()  # [R/2]
+    if not module.sites & Site.QK:
+        alibi = getattr(module, "max_bias", None) if type(module).__name__ == "ALiBi" else None
+        return no_rotation(
+            _head_dim(module), len(positions), sliding_window=window, alibi_max_bias=alibi
+        )
+    rope, extra = module, {}
+    if hasattr(module, "mrope_section") and isinstance(
+        getattr(module, "rope", None), RotaryEmbedding
+    ):
+        rope = module.rope
+        extra = {
+            "sections": [*module.mrope_section, 0, 0, 0, 0][:4],
+            "mrope_interleaved": bool(module.mrope_interleaved),
+        }
+    if type(rope) is not RotaryEmbedding:
+        raise ValueError(f"posenc audit does not describe {type(module).__name__} layers yet")
+    rope.observe_length(context)
+    inv_freq = rope.inv_freq.double().numpy()  # [R/2]
     return LayerPositions(
         rotates=True,
-        head_dim=module.head_dim,
-        rotary_dim=module.rotary_dim,
-        pairs="adjacent" if module.interleaved else "half",
+        head_dim=rope.head_dim,
+        rotary_dim=rope.rotary_dim,
+        pairs="adjacent" if rope.interleaved else "half",
         angles=positions[:, None].astype(np.float64) * inv_freq[None, :],
-        scale=np.full(len(positions), float(module.attention_scale)),
+        scale=np.full(len(positions), float(rope.attention_scale)),
         sliding_window=window,
+        extra=extra,
     )
 
 
@@ -156,9 +174,10 @@ def read_transformers(
             continue
         kind = kinds[i] if per_type else None
         prefix = f"{kind}_" if per_type else ""
+        axes = ids.expand(3, 1, 1) if "sections" in planned.extra else ids  # M-RoPE: t, h, w
         with torch.no_grad():
             args = {"layer_type": kind} if per_type else {}
-            rotary(torch.zeros(1, dtype=torch.float32), ids, **args)
+            rotary(torch.zeros(1, dtype=torch.float32), axes, **args)
         inv_freq = getattr(rotary, f"{prefix}inv_freq").double().numpy()  # [R/2]
         scale = float(getattr(rotary, f"{prefix}attention_scaling"))
         layers.append(
@@ -170,6 +189,7 @@ def read_transformers(
                 angles=pos[:, None].astype(np.float64) * inv_freq[None, :],
                 scale=np.full(len(pos), scale),
                 sliding_window=window,
+                extra=planned.extra,
             )
         )
     return Reading("transformers", pos, context, tuple(layers), _raw_fields(config))

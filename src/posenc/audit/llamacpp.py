@@ -225,7 +225,9 @@ def layer_positions(
         ramp = 1.0 - np.clip((j - low) / max(0.001, high - low), 0.0, 1.0)
         mix = ramp * ext
         theta = theta * (1 - mix) + extrap * mix
-    extra = {"sections": list(rope.sections)} if layout in ("mrope", "imrope") else {}
+    extra = {}
+    if layout in ("mrope", "imrope"):
+        extra = {"sections": list(rope.sections), "mrope_interleaved": layout == "imrope"}
     return LayerPositions(
         rotates=True,
         head_dim=rope.head_dim,

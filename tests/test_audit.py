@@ -1,0 +1,274 @@
+"""posenc.audit: the per-layer reading, llama.cpp's rules, the comparer, and 25 released
+configs written to GGUF as llama.cpp's converter writes them (all runtimes agree)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+pytest.importorskip("gguf")
+pytest.importorskip("transformers")
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from _gguf_writer import write_gguf
+from _released_configs import RELEASED
+from posenc.audit.checkpoint import audit_positions
+from posenc.audit.compare import RTOL, compare
+from posenc.audit.convert import converter_fields, gguf_diff
+from posenc.audit.ggufread import gguf_rope, read_gguf
+from posenc.audit.hfread import read_posenc, read_transformers
+from posenc.audit.llamacpp import LlamaCppRope, layer_positions, rope_layout
+from posenc.audit.reading import LayerPositions, Reading, no_rotation
+
+
+def _layer(thetas, scale=1.0, pairs="half", positions=(0, 1, 5, 9)) -> LayerPositions:
+    pos = np.asarray(positions, dtype=np.float64)
+    thetas = np.asarray(thetas, dtype=np.float64)
+    return LayerPositions(
+        rotates=True,
+        head_dim=2 * len(thetas),
+        rotary_dim=2 * len(thetas),
+        pairs=pairs,
+        angles=pos[:, None] * thetas[None, :],
+        scale=np.full(len(pos), scale),
+    )
+
+
+def _reading(name, *layers, positions=(0, 1, 5, 9), **fields) -> Reading:
+    return Reading(name, np.asarray(positions), 10, layers, fields)
+
+
+# ---------------------------------------------------------------- the reading
+
+
+def test_reading_round_trips_through_json():
+    import json
+
+    r = _reading("x", _layer([1.0, 0.25], 1.5), no_rotation(4, 4, sliding_window=8), a=[1, 2])
+    back = Reading.from_dict(json.loads(json.dumps(r.to_dict())))
+    assert back.runtime == "x" and back.fields == {"a": [1, 2]}
+    np.testing.assert_array_equal(back.layers[0].angles, r.layers[0].angles)
+    assert back.layers[1].angles.shape == (4, 0) and back.layers[1].sliding_window == 8
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"pairs": "interleaved"}, "pairs must be one of"),
+        ({"rotary_dim": 3}, "rotary_dim must be even"),
+        ({"rotary_dim": 6}, "rotary_dim must be even"),
+        ({"rotates": False}, "disagrees with pairs"),
+        ({"angles": np.zeros((4, 1))}, "angles must be"),
+        ({"scale": np.ones(3)}, "scale must be"),
+    ],
+)
+def test_layer_positions_refuses_inconsistent_fields(kwargs, match):
+    fields = {
+        "rotates": True,
+        "head_dim": 4,
+        "rotary_dim": 4,
+        "pairs": "half",
+        "angles": np.zeros((4, 2)),
+        "scale": np.ones(4),
+        **kwargs,
+    }
+    with pytest.raises(ValueError, match=match):
+        LayerPositions(**fields)
+
+
+def test_reading_without_layers_must_say_why():
+    with pytest.raises(ValueError, match="must say why"):
+        Reading("x", np.arange(3), 3)
+    assert not Reading("x", np.arange(3), 3, note="not installed").ran
+
+
+# ---------------------------------------------------------------- llama.cpp's rules
+
+
+def test_rope_layout_by_architecture():
+    assert rope_layout("llama") == "norm" and rope_layout("qwen2") == "neox"
+    assert rope_layout("qwen2vl") == "mrope" and rope_layout("bloom") == "none"
+    with pytest.raises(ValueError, match="'not-an-arch'"):
+        rope_layout("not-an-arch")
+
+
+def _transformers_yarn(base, dim, factor, orig, fast, slow):
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    config = LlamaConfig(
+        hidden_size=dim * 2,
+        num_attention_heads=2,
+        max_position_embeddings=int(orig * factor),
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": base,
+            "factor": factor,
+            "original_max_position_embeddings": orig,
+            "beta_fast": fast,
+            "beta_slow": slow,
+        },
+    )
+    inv_freq, scale = ROPE_INIT_FUNCTIONS["yarn"](config, None)
+    return inv_freq.double().numpy(), scale
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    base=st.sampled_from([1e4, 1e5, 5e5, 1e6]),
+    dim=st.sampled_from([32, 64, 128]),
+    factor=st.floats(1.5, 40.0),
+    orig=st.sampled_from([2048, 4096, 32768]),
+    betas=st.sampled_from([(32.0, 1.0), (16.0, 2.0), (64.0, 1.0)]),
+)
+def test_llamacpp_yarn_equals_transformers_yarn(base, dim, factor, orig, betas):
+    """ggml's rope_yarn with llama-context's defaults (ext_factor 1, the attention factor
+    cancelled and restored) is YaRN as transformers computes it (Peng et al., 2023)."""
+    rope = LlamaCppRope(
+        architecture="qwen2",
+        n_layer=1,
+        head_dim=dim,
+        n_rot=dim,
+        freq_base=base,
+        scaling_type="yarn",
+        factor=factor,
+        n_ctx_orig=orig,
+        beta_fast=betas[0],
+        beta_slow=betas[1],
+    )
+    layer = layer_positions(rope, 0, [0, 1], context=orig)
+    inv_freq, scale = _transformers_yarn(base, dim, factor, orig, *betas)
+    np.testing.assert_allclose(layer.angles[1], inv_freq, rtol=4e-7)  # float32 inv_freq
+    assert math.isclose(layer.scale[0], scale, rel_tol=1e-12)
+
+
+def test_llamacpp_linear_and_factors_from_the_formula():
+    """Without YaRN's ramp: theta_j = freq_scale base^(-2j/R) / ff_j, cos/sin times attn_factor."""
+    ff = np.array([1.0, 2.0, 4.0, 8.0])
+    rope = LlamaCppRope(
+        architecture="llama",
+        n_layer=1,
+        head_dim=8,
+        n_rot=8,
+        freq_base=100.0,
+        factor=4.0,
+        attn_factor=1.25,
+        freq_factors=ff,
+    )
+    layer = layer_positions(rope, 0, [3], context=10)
+    want = 3 * 0.25 * 100.0 ** (-np.arange(4) / 4) / ff
+    np.testing.assert_allclose(layer.angles[0], want, rtol=1e-15)
+    assert layer.scale[0] == 1.25 and layer.pairs == "adjacent"
+    none = LlamaCppRope(**{**rope.__dict__, "scaling_type": "none"})
+    np.testing.assert_allclose(layer_positions(none, 0, [3], 10).angles[0], want * 4, rtol=1e-15)
+
+
+def test_longrope_factors_by_context():
+    """get_rope_factors: long factors when the context exceeds the original length."""
+    base = {"architecture": "phi3", "n_layer": 1, "head_dim": 4, "n_rot": 4, "freq_base": 1e4}
+    rope = LlamaCppRope(
+        **base, n_ctx_orig=100, factors_long=np.array([2.0, 3.0]), factors_short=np.ones(2)
+    )
+    short = layer_positions(rope, 0, [1], context=100).angles[0]
+    long = layer_positions(rope, 0, [1], context=101).angles[0]
+    np.testing.assert_allclose(short / long, [2.0, 3.0], rtol=1e-15)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"scaling_type": "dynamic"}, "rope.scaling.type 'dynamic'"),
+        ({"n_rot": 5}, "rope.dimension_count 5"),
+        ({"freq_base": 0.0}, "rope.freq_base must be > 0"),
+    ],
+)
+def test_llamacpp_refuses_what_llamacpp_refuses(kwargs, match):
+    base = {"architecture": "llama", "n_layer": 1, "head_dim": 8, "n_rot": 8, "freq_base": 1e4}
+    with pytest.raises(ValueError, match=match):
+        LlamaCppRope(**{**base, **kwargs})
+
+
+# ---------------------------------------------------------------- the comparer
+
+
+def test_score_change_is_the_documented_bound():
+    """frequencies: max over offsets and pairs of |cos(m t1) - cos(m t2)|; factor: |s1^2 - s2^2|."""
+    a = _reading("a", _layer([1.0, 0.5], 1.0))
+    b = _reading("b", _layer([1.0, 0.25], 1.1))
+    rows = {r.field: r for r in compare([a, b], [6, 10]).rows}
+    m = np.array([0.0, 1.0, 5.0, 9.0])
+    for n in (6, 10):
+        keep = m < n
+        want = np.max(np.abs(np.cos(m[keep] * 0.5) - np.cos(m[keep] * 0.25)))
+        assert math.isclose(rows["frequencies"].score_change[n], want, rel_tol=1e-12)
+        assert math.isclose(rows["cos/sin factor"].score_change[n], 0.21, rel_tol=1e-12)
+    assert rows["frequencies"].agree is False and rows["rotates"].agree is True
+    assert rows["frequencies"].layers == "0"
+
+
+def test_frequencies_agree_within_float32_rounding_only():
+    a = _reading("a", _layer([1.0, 0.5]))
+    assert compare([a, _reading("b", _layer([1.0, 0.5 * (1 + RTOL / 2)]))], [10]).agree
+    assert not compare([a, _reading("b", _layer([1.0, 0.5 * (1 + 4 * RTOL)]))], [10]).agree
+
+
+def test_half_and_adjacent_pairs_agree_only_for_a_permuting_gguf():
+    half = _reading("hf", _layer([1.0]))
+    adjacent = _layer([1.0], pairs="adjacent")
+    assert compare([half, _reading("g", adjacent, **{"general.architecture": "llama"})], [9]).agree
+    assert not compare(
+        [half, _reading("g", adjacent, **{"general.architecture": "qwen2"})], [9]
+    ).agree
+
+
+def test_compare_shows_a_runtime_that_did_not_run_without_counting_it():
+    a = _reading("a", _layer([1.0]))
+    gone = Reading("vllm", np.asarray([0, 1, 5, 9]), 10, note="not installed")
+    result = compare([a, gone, _reading("b", _layer([1.0]))], [10])
+    assert result.agree and all(r.values["vllm"] == "not run" for r in result.rows)
+
+
+def test_compare_refuses_readings_at_other_positions():
+    a = _reading("a", _layer([1.0]))
+    b = _reading("b", _layer([1.0], positions=(0, 1, 5, 8)), positions=(0, 1, 5, 8))
+    with pytest.raises(ValueError, match="other positions"):
+        compare([a, b], [10])
+    with pytest.raises(ValueError, match="at least one length"):
+        compare([a], [])
+
+
+def test_audit_positions_cover_every_short_offset_and_the_longest():
+    pos = audit_positions(10_000)
+    assert pos[:64].tolist() == list(range(64)) and pos[-1] == 9_999
+    assert np.all(np.diff(pos) > 0)
+
+
+# ---------------------------------------------------------------- released configs
+
+
+@pytest.mark.parametrize("name", sorted(RELEASED))
+def test_released_config_agrees_in_every_runtime(name, tmp_path):
+    """transformers' rotary module, posenc's plan and llama.cpp on the GGUF the converter
+    writes give every layer the same positions; the GGUF holds the converter's fields."""
+    config = RELEASED[name]
+    path = write_gguf(tmp_path / "m.gguf", config)
+    trained = config["max_position_embeddings"]
+    positions = audit_positions(2 * trained)
+    readings = [
+        read_transformers(config, positions, context=2 * trained),
+        read_posenc(config, positions, context=2 * trained),
+        read_gguf(path, positions, context=2 * trained),
+    ]
+    result = compare(readings, [trained, 2 * trained])
+    assert result.agree, [(r.field, r.values, r.layers) for r in result.rows if not r.agree]
+    assert len(readings[2].layers) == config["num_hidden_layers"]
+    assert gguf_diff(config, gguf_rope(path)[1]) == []
+
+
+def test_converter_fields_refuse_an_unknown_family():
+    with pytest.raises(ValueError, match="model_type 'bert'"):
+        converter_fields({"model_type": "bert"})
