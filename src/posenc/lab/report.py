@@ -23,6 +23,7 @@ from rich.text import Text
 
 from posenc.lab import stats
 from posenc.lab.claims import pairwise_lines
+from posenc.lab.compute import compute_lines
 from posenc.lab.curves import budget_sentence, stop_sentence
 from posenc.lab.pairwise import Comparison, cell_interval, compare_all, unit_rows
 from posenc.lab.plots import figure_names
@@ -308,6 +309,7 @@ def markdown(results: dict, comparisons: list[Comparison] | None = None) -> str:
         *(f"- {sentence}" for sentence in conclusions(results, comparisons if tested else None)),
         "",
         *pairwise_lines(results, comparisons),
+        *compute_lines(results),
     ]
     lines += [f"![{name}]({name})" for name in figure_names(results)]
     return "\n".join([*lines, "", *_notes(results)])

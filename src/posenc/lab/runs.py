@@ -39,6 +39,7 @@ import torch
 from rich.progress import Progress
 from torch import nn
 
+from posenc.lab.compute import train_flops
 from posenc.lab.config import LEARNED, LabConfig
 from posenc.lab.distributed import Context
 from posenc.lab.model import TinyLM, seeded_model
@@ -217,6 +218,7 @@ class Runner:
             losses += resume.get("validation", []) if resume else []
             every = config.val_every if config.plateau else max(1, config.steps // ROUNDS)
             until = Until(check, config.step_cap, every, save=save, resume=resume)
+        cpu = time.process_time()
         result = self._train(
             model,
             f"{name} s{seed}",
@@ -236,6 +238,10 @@ class Runner:
                 here * config.batch_size * config.train_len / max(result.seconds, 1e-9)
             ),
             "final_loss": result.final_loss,
+            "cpu_seconds": round(time.process_time() - cpu, 2),  # the steps this process took
+            "flops": train_flops(
+                model, steps=result.steps, batch_size=config.batch_size, train_len=config.train_len
+            ),
             "curve": result.curve,
             "stop": _stop(config, checks, losses),
         }
