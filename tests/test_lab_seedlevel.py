@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from posenc.lab.claims import comparisons_record, pairwise_lines, sentence
+from posenc.lab.config import DEFAULT_SEEDS
 from posenc.lab.pairwise import compare_all, file_groups
 from posenc.lab.seedlevel import (
     EXACT_SEEDS,
@@ -62,6 +63,7 @@ def test_the_issues_per_seed_differences_give_three_quarters():
 
 def test_seeds_needed_for_a_claim():
     assert seeds_needed() == 6  # 2 / 2**6 = 0.031 < 0.05 <= 2 / 2**5
+    assert len(DEFAULT_SEEDS) == seeds_needed()  # the default sweep can make a claim
     for m in (1, 10, 448):
         s = seeds_needed(m)
         assert m * floor(s) < 0.05 <= m * floor(s - 1)

@@ -238,7 +238,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "dynamic yarn; dynamic adds its decoded row, yarn its row at transformers' "
         "defaults; none: give the option without names)",
     )
-    p.add_argument("--seeds", metavar="N", help="number of seeds (default 3, --quick 1)")
+    p.add_argument("--seeds", metavar="N", help="number of seeds (default 6, --quick 1)")
     p.add_argument("--seed", type=int, metavar="N", help="first seed (default 0)")
     p.add_argument(
         "--quick", action="store_true", default=None, help="smoke test: tiny settings, one seed"

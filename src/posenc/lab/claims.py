@@ -4,8 +4,8 @@ text-sampling test (``posenc.lab.significance``), with what separates the two.
 
 A pair is "better than" only when the seed-level test says so; a pair the text-sampling
 test calls significant while the seeds do not is "significant on this text, not across
-seeds":
-these models differ on this text, but another training seed could reverse the order.
+seeds": these models differ on this text, but another training seed could reverse the
+order.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ def _where(length: int, train_len: int) -> str:
 
 def _p(adjusted: float, raw: float, floor: float, draws: bool) -> str:
     """``p_Holm = x``, saying when ``raw`` sits at the test's floor (the smallest p it
-    can give: the true p may be smaller, and Holm's product is then an upper bound)."""
+    can give; with random ``draws`` the true p may be smaller, and Holm's product is
+    then an upper bound)."""
     if raw > floor * (1 + 1e-9):
         return f"p_Holm = {adjusted:.2g}"
     what = "Monte Carlo floor" if draws else "floor"
@@ -41,8 +42,8 @@ def _effect(c: Comparison) -> str:
 def sentence(c: Comparison) -> str:
     """``"A better than B (seeds: p, effect [interval], wins; text: p, [interval])"``,
     ``"A vs B: significant on this text, not across seeds (...)"`` (the text-sampling
-    test's p_Holm < 0.05) or ``"A vs B: not
-    separated (...)"``; both p-values Holm-corrected."""
+    test's p_Holm < 0.05) or ``"A vs B: not separated (...)"``; both p-values
+    Holm-corrected."""
     draws = ", Monte Carlo" if c.seeds > EXACT_SEEDS else ""
     seeds = (
         f"seeds: p_Holm = {c.p_seed_holm:.2g} (p = {c.p_seed:.2g}; smallest possible with "
