@@ -9,13 +9,14 @@ import json
 import math
 import os
 import shutil
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 import posenc.lab.results
-from _lab_helpers import one_line, within
+from _lab_helpers import one_line
 from posenc import cli
 from posenc.lab.records import check_header, check_run
 from posenc.lab.results import finished_runs, read_regular
@@ -35,6 +36,27 @@ TASK = ["--quick", "--task", "copy", "--encodings", "alibi", "--train-len", "8",
 # ----------------------------------------------------------------------------- regular files
 
 
+def _soon(call: Callable[[], object], seconds: float = 60) -> object:
+    """``call()``'s value (or its exception), failing instead of hanging when it has not
+    returned within ``seconds``: a FIFO opened for reading waits for a writer forever,
+    and an alarm signal does not interrupt every such wait."""
+    box: dict[str, object] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as exc:
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"still waiting after {seconds} s"
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    return box["value"]
+
+
 def test_read_regular_reads_files_and_refuses_everything_else(tmp_path):
     text = tmp_path / "a.json"
     text.write_bytes(b"{}")
@@ -45,10 +67,9 @@ def test_read_regular_reads_files_and_refuses_everything_else(tmp_path):
     fifo_link = tmp_path / "fifo-link.pt"
     fifo_link.symlink_to(fifo)
     assert read_regular(text) == b"{}" == read_regular(link)
-    with within(10):
-        for path in (fifo, fifo_link, tmp_path, Path(os.devnull)):
-            with pytest.raises(ValueError, match="is not a regular file"):
-                read_regular(path)
+    for path in (fifo, fifo_link, tmp_path, Path(os.devnull)):
+        with pytest.raises(ValueError, match="is not a regular file"):
+            _soon(lambda path=path: read_regular(path), 10)
     with pytest.raises(FileNotFoundError):
         read_regular(tmp_path / "missing")
 
@@ -67,8 +88,8 @@ def test_a_fifo_swapped_in_after_the_check_is_not_waited_on(tmp_path, monkeypatc
         return found
 
     monkeypatch.setattr(posenc.lab.results.os, "stat", says_regular)
-    with within(10), pytest.raises(ValueError, match="is not a regular file"):
-        read_regular(fifo)
+    with pytest.raises(ValueError, match="is not a regular file"):
+        _soon(lambda: read_regular(fifo), 10)
 
 
 def test_a_round_snapshot_that_is_a_fifo_never_blocks(tmp_path, capsys):
@@ -82,9 +103,8 @@ def test_a_round_snapshot_that_is_a_fifo_never_blocks(tmp_path, capsys):
     rounds = out / "runs" / "alibi-s0.round.pt"
     os.mkfifo(rounds)
     capsys.readouterr()
-    with within(60):
-        assert _read_round(rounds, "any") is None
-        assert cli.main(["lab", *TASK, "--out", str(out)]) == 2
+    assert _soon(lambda: _read_round(rounds, "any")) is None
+    assert _soon(lambda: cli.main(["lab", *TASK, "--out", str(out)])) == 2
     one_line(capsys, str(rounds), "not a regular file")
     rounds.unlink()
     rounds.write_bytes(b"truncated")  # garbled (an IndexError in the unpickler): starts over
