@@ -146,6 +146,25 @@ def test_mllama_cross_attention_layers_do_not_rotate():
         assert _rotating(plan) == [i for i in range(len(plan)) if i not in cross]
 
 
+@pytest.mark.parametrize(
+    ("layers", "error", "match"),
+    [
+        ("3", TypeError, "cross_attention_layers must be a list of layer indices, got '3'"),
+        ([1, -1], ValueError, r"cross_attention_layers\[1\] must be >= 0, got -1"),
+        ([1.5], TypeError, r"cross_attention_layers\[0\] must be an integer"),
+    ],
+)
+def test_mllama_bad_cross_attention_layers_are_refused(layers, error, match):
+    config = {
+        "model_type": "mllama_text_model",
+        "num_hidden_layers": 4,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 5e5},
+        "cross_attention_layers": layers,
+    }
+    with pytest.raises(error, match=match):
+        posenc.hf.layer_plan(config)
+
+
 def test_lara_mini_rotates_its_sliding_layers_only():
     """Lara Mini: the model hands position embeddings to its sliding-window layers only;
     its full-attention layers are NoPE and its linear-attention layers have no scores."""

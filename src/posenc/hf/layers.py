@@ -94,7 +94,9 @@ def _cross_attention_layers(cfg: Mapping[str, Any]) -> tuple[int, ...]:
         raise TypeError(
             f"cross_attention_layers must be a list of layer indices, got {layers!r:.80}"
         )
-    return tuple(check_int("cross_attention_layers[]", i, minimum=0) for i in layers)
+    return tuple(
+        check_int(f"cross_attention_layers[{n}]", i, minimum=0) for n, i in enumerate(layers)
+    )
 
 
 def _rotates(cfg: Mapping[str, Any], rule: str, index: int) -> bool:
