@@ -23,10 +23,10 @@ from posenc.lab.results import finished_runs, read_regular
 from posenc.lab.runs import _read_round
 
 RECORDED = Path(__file__).resolve().parents[1] / "runs-recorded"
-#: A text sweep that trains in a second or two.
+#: A text sweep that trains in a second or two (with sliding windows: every field).
 TEXT = ["--quick", "--encodings", "nope", "--steps", "3", "--d-model", "16", "--heads", "2",
-        "--eval-tokens", "128", "--scalings", "--finetune-steps", "0", "--threads", "1",
-        "--jobs", "1", "--no-progress"]  # fmt: skip
+        "--eval-tokens", "128", "--eval-stride", "16", "--scalings", "--finetune-steps", "0",
+        "--threads", "1", "--jobs", "1", "--no-progress"]  # fmt: skip
 #: A task that trains in rounds (so it keeps a round snapshot while it runs).
 TASK = ["--quick", "--task", "copy", "--encodings", "alibi", "--train-len", "8", "--eval-lens",
         "8", "--steps", "4", "--max-steps", "8", "--d-model", "16", "--heads", "2",
@@ -121,6 +121,13 @@ def finished(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("finished")
     assert cli.main(["lab", *TEXT, "--out", str(out)]) == 0
     return out
+
+
+def test_the_records_the_lab_writes_pass(finished):
+    record = json.loads((finished / "runs" / "nope-s0.json").read_text())
+    assert "segments" in record["rows"][0]["results"]["64"]["sliding"]
+    runs = finished_runs(finished, record["identity"], metric="ppl")
+    assert list(runs) == [("nope", 0)]
 
 
 def _set(*where: object, value: object) -> Callable[[dict], None]:

@@ -40,9 +40,9 @@ _TRAIN = {
     "?learned_at": float, "?checks": Pairs, "?resumed_from": int,
     "?validation": {"?every": int, "?tokens": int, "?curve": Pairs},
 }  # fmt: skip
+_TEXT = {"ppl": float, "?loss": float, "?tokens": int, "?segments": _NUMBERS}
 _RESULTS = {
-    "ppl": {"ppl": float, "?loss": float, "?tokens": int, "?segments": _NUMBERS,
-            "?position_loss": _NUMBERS, "?sliding": Each(_SCALAR)},
+    "ppl": {**_TEXT, "?position_loss": _NUMBERS, "?sliding": {**_TEXT, "?stride": int}},
     "accuracy": {"accuracy": float, "?token_accuracy": float, "?examples": int,
                  "?solved": _NUMBERS, "?depths": Each(float)},
 }  # fmt: skip
