@@ -13,8 +13,9 @@ tensors, which a feature permutation common to q and k does not change) to a tol
 float32 angles. ``layer_plan`` is read twice, from the ``PretrainedConfig`` and from the
 ``config.json`` that ``save_pretrained`` would write (only what differs from the defaults).
 The rotation of a sparse-attention indexer (DeepSeek-V3.2, A.X K2: a top-k key selector
-with its own half-split rotation beside the attention's interleaved one) is not recorded:
-``layer_plan`` gives the attention's encoding; ``check_patch`` covers both rotations.
+with its own half-split rotation beside the attention's interleaved one) is recorded apart
+(``record(..., indexers=True)``): ``layer_plan`` gives the attention's encoding;
+``check_patch`` covers both rotations.
 Linear-attention layers run transformers' PyTorch path (``pytorch_fallbacks``).
 
 Shapes: ``B`` batch, ``H`` heads, ``T`` length, ``W`` width of the rotated tensor.
@@ -283,15 +284,16 @@ def _recorder(real, layer: int, record: Record):
     return recording
 
 
-def record(model, first: int) -> Record:
-    """Run ``model`` at positions ``first + 0..T-1`` and record every rotation call."""
+def record(model, first: int, *, indexers: bool = False) -> Record:
+    """Run ``model`` at positions ``first + 0..T-1`` and record every rotation call of its
+    attention modules (``indexers``: of its sparse-attention indexers instead)."""
     rec = Record(torch.arange(first, first + T))
     installed = []
     for name, module in model.named_modules():
         methods = rotation_methods(type(module))
         found = _LAYER.search(name)
-        if not methods or not found or name.endswith(".indexer"):
-            continue  # a sparse-attention indexer's rotation: not the attention's (docstring)
+        if not methods or not found or name.endswith(".indexer") != indexers:
+            continue
         layer = int(found[1])
         for method, names in methods.items():
             function = getattr(type(module), method)

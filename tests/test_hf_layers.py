@@ -194,3 +194,23 @@ def test_layers_without_a_rotation_are_nope(name, fields, rotating):
     config = getattr(transformers, name)(**fields)
     assert _rotating(posenc.hf.layer_plan(config)) == rotating
     assert _rotating(posenc.hf.layer_plan(config.to_diff_dict())) == rotating
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("model_type", "interleaved"), [("deepseek_v32", False), ("axk2", False), ("glm_moe_dsa", True)]
+)
+def test_sparse_indexers_rotate_the_attention_rope_in_their_own_layout(model_type, interleaved):
+    """The walk compares the attention's rotation with the layer plan; a sparse-attention
+    indexer rotates by the same angles, in its own layout (half-split where DeepSeek-V3.2's
+    attention is interleaved): the plan's rotation in that layout gives its scores."""
+    model = walk.build(model_type)
+    plan = [
+        posenc.RotaryEmbedding(e.head_dim, base=e.base, interleaved=interleaved)
+        for e in posenc.hf.layer_plan(model.config)
+    ]
+    assert all(e.interleaved for e in posenc.hf.layer_plan(model.config))  # the attention's
+    for first in (0, walk.OFFSET):
+        indexer = walk.record(model, first, indexers=True)
+        assert sorted(indexer.layers) == list(range(len(plan)))
+        assert walk.compare(plan, indexer) == []
