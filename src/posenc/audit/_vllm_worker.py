@@ -6,7 +6,8 @@ Run as ``python _vllm_worker.py`` with a JSON request on stdin; writes one JSON 
 ``posenc.audit.reading.Reading`` dicts on stdout. It imports torch and vLLM only (nothing of
 posenc), so it runs in an environment that has vLLM and not posenc. Two kinds of job:
 
-* ``{"config": {...}}``: a ``config.json``. vLLM reads it (``ModelConfig``) and builds the
+* ``{"config": {...}, "max_model_len": N}``: a ``config.json`` served with ``--max-model-len
+  N`` (default: the context). vLLM reads it (``ModelConfig``) and builds the
   architecture's own model class with dummy weights inside its config context, one process
   rank; each decoder layer's ``rotary_emb`` is then whatever that model file passed to
   ``get_rope`` (head size, rotary dim, NeoX or GPT-J style, rope parameters, dual chunk),
@@ -21,10 +22,10 @@ Each rotary module is probed, never reimplemented: ``forward_native(positions, q
 at position ``p``. Its nonzero off-diagonal entries give the pairs (half split ``(j, j+R/2)``
 or adjacent ``(2j, 2j+1)``); pair ``j``'s first column is ``s_p (cos a, sin a)``, so the angle
 ``a_pj`` and the cos/sin scale ``s_p`` (YaRN's mscale, Peng et al. 2023, eq. 22) come back.
-Angles are unwrapped against position 1's (``p * a_1j`` up to whole turns), so the table is
-``p * theta_j`` as vLLM computes it in float32. The probe batch also holds position
-``context - 1``, as a prefill of ``context`` tokens does. A position past the module's cache
-is not run (vLLM indexes out of range there): its row is NaN and the note says so.
+Angles are unwrapped against positions 0 and 1 (``a_0j + p (a_1j - a_0j)`` up to whole
+turns), so the table is ``p * theta_j`` as vLLM computes it in float32. A position past the
+module's cache is not run (vLLM indexes out of range there): its row is NaN, and the note
+says so.
 """
 
 from __future__ import annotations
@@ -108,29 +109,32 @@ def _unrotated(head_size: int, n: int) -> dict[str, Any]:
 def _layer(
     m: torch.Tensor, positions: list[int], head_size: int, unwrap: bool
 ) -> tuple[dict[str, Any], bool]:
-    """``LayerPositions`` dict from ``M`` at [1, *positions]; whether the scale varies by pair."""
+    """``LayerPositions`` dict from ``M`` at [0, 1, *positions]; whether the scale varies by pair.
+
+    Unwrapped, angle ``a_p`` is the one within half a turn of ``a_0 + p (a_1 - a_0)``.
+    """
     pairs, first, second = _pairs(m)
     n = len(positions)
     if pairs == "none":
         return _unrotated(head_size, n), False
     idx_f, idx_s = torch.tensor(first), torch.tensor(second)
-    cos = m[:, idx_f, idx_f]  # [1 + P, R/2]: s cos(a) of each pair
+    cos = m[:, idx_f, idx_f]  # [2 + P, R/2]: s cos(a) of each pair
     sin = m[:, idx_s, idx_f]  # s sin(a)
     wrapped = torch.atan2(sin, cos)
     scale = torch.hypot(cos, sin)
-    angles = wrapped[1:]
+    angles, scale = wrapped[2:], scale[2:]
     if unwrap:
         pos = torch.tensor(positions, dtype=torch.float64)[:, None]
-        guess = pos * wrapped[0][None, :]
+        guess = wrapped[0] + pos * (wrapped[1] - wrapped[0])
         angles = angles + 2 * math.pi * torch.round((guess - angles) / (2 * math.pi))
-    per_pair = bool((scale[1:] - scale[1:].mean(-1, keepdim=True)).abs().max() > 1e-6)
+    per_pair = bool((scale - scale.mean(-1, keepdim=True)).abs().max() > 1e-6)
     layer = dict(
         rotates=True,
         head_dim=head_size,
         rotary_dim=2 * len(first),
         pairs=pairs,
         angles=angles.tolist(),
-        scale=scale[1:].mean(-1).tolist(),
+        scale=scale.mean(-1).tolist(),
     )
     return layer, per_pair
 
@@ -143,7 +147,7 @@ def _cache_rows(rope: Any) -> int | None:
     return None
 
 
-def _probe(rope: Any, positions: list[int], context: int) -> tuple[dict[str, Any], list[str]]:
+def _probe(rope: Any, positions: list[int]) -> tuple[dict[str, Any], list[str]]:
     """One rotary module's layer dict and notes."""
     name = type(rope).__name__
     head_size = rope.head_size
@@ -153,21 +157,20 @@ def _probe(rope: Any, positions: list[int], context: int) -> tuple[dict[str, Any
         eye = torch.eye(head_size).reshape(1, 1, head_size, head_size).repeat(1, rows, 1, 1)
         out, _ = rope.forward_native(eye, eye.clone())  # [1, N, H=D, D]
         m = out[0].transpose(1, 2).double()
-        m = torch.cat([m[1:2], m[positions]])  # the first row only feeds the pair search
+        m = torch.cat([m[:2], m[positions]])  # the first rows only feed the pair search
         layer, per_pair = _layer(m, positions, head_size, unwrap=False)
         return layer, [f"{name}: positions are patch indices (row major, CLS last)"]
     rows = _cache_rows(rope)
     run = [p for p in positions if rows is None or p < rows]
     if len(run) < len(positions):
         notes.append(f"{name}: positions >= {rows} (its cache) are not computed by vLLM (NaN)")
-    batch = [1, *run] + ([context - 1] if rows is None or context - 1 < rows else [])
+    batch = [0, 1, *run]
     mrope = "MRotary" in name or "Ernie4_5_VL" in name or "Bailing" in name
     pos = torch.tensor(batch, dtype=torch.long)
     if mrope:
         pos = pos[None, :].repeat(3, 1)
     call = rope if name.startswith("Phi3LongRoPE") else rope.forward_native
     m = _rotations(call, pos, head_size, split_heads=name.startswith("Deepseek"))
-    m = m[: 1 + len(run)]
     layer, per_pair = _layer(m, run, head_size, unwrap=True)
     if per_pair:
         notes.append(f"{name}: the cos/sin scale differs between pairs; the mean is shown")
@@ -197,8 +200,11 @@ def _pair_axes(rope: Any, head_size: int, pairs: str) -> list[int]:
     return axes
 
 
-def _model_layers(config: dict[str, Any]) -> tuple[list[tuple[Any, Any]], str]:
-    """``(rotary module or None, Attention or None)`` per decoder layer of vLLM's model."""
+def _model_layers(config: dict[str, Any], max_model_len: int) -> tuple[list[tuple[Any, Any]], str]:
+    """``(rotary module or None, attention facts)`` per decoder layer of vLLM's model.
+
+    Served with ``--max-model-len max_model_len`` (LongRoPE's factors follow it).
+    """
     from vllm.config import LoadConfig, ModelConfig, VllmConfig, set_current_vllm_config
     from vllm.distributed import (
         init_distributed_environment,
@@ -211,7 +217,9 @@ def _model_layers(config: dict[str, Any]) -> tuple[list[tuple[Any, Any]], str]:
     with tempfile.TemporaryDirectory() as folder:
         with open(os.path.join(folder, "config.json"), "w") as f:
             json.dump(config, f)
-        model_config = ModelConfig(model=folder, skip_tokenizer_init=True, dtype="float32")
+        model_config = ModelConfig(
+            model=folder, skip_tokenizer_init=True, dtype="float32", max_model_len=max_model_len
+        )
         vllm_config = VllmConfig(
             model_config=model_config, load_config=LoadConfig(load_format="dummy")
         )
@@ -254,21 +262,25 @@ def _model_layers(config: dict[str, Any]) -> tuple[list[tuple[Any, Any]], str]:
 def _reading(job: dict[str, Any], positions: list[int], context: int) -> dict[str, Any]:
     import vllm
     from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers import rotary_embedding
     from vllm.model_executor.layers.rotary_embedding import get_rope
 
+    rotary_embedding._ROPE_DICT.clear()  # get_rope's cache outlives a job; a server's does not
     fields: dict[str, Any] = {"vllm.version": vllm.__version__}
     notes: list[str] = []
     layers = []
     if "config" in job:
-        built, arch = _model_layers(job["config"])
+        max_model_len = int(job.get("max_model_len", context))
+        built, arch = _model_layers(job["config"], max_model_len)
         fields["vllm.architecture"] = arch
+        fields["vllm.max_model_len"] = max_model_len
     else:
         kwargs = dict(job["get_rope"])
         kwargs["dtype"] = getattr(torch, kwargs.get("dtype", "float32"))
         with set_current_vllm_config(VllmConfig()):
             if "rope_class" in job:  # a model file that constructs the class itself
                 module, cls = job["rope_class"].rsplit(".", 1)
-                package = "vllm.model_executor.layers.rotary_embedding."
+                package = rotary_embedding.__name__ + "."
                 rope = getattr(importlib.import_module(package + module), cls)(**kwargs)
                 built = [(rope, None)]
             else:
@@ -284,7 +296,7 @@ def _reading(job: dict[str, Any], positions: list[int], context: int) -> dict[st
         if rope is None:
             layer = _unrotated(int(head_size), len(positions))
         else:
-            layer, layer_notes = _probe(rope, positions, context)
+            layer, layer_notes = _probe(rope, positions)
             notes += [f"layer {i}: {n}" for n in layer_notes]
             fields.setdefault("vllm.rotary_class", type(rope).__name__)
         if attn:
@@ -317,6 +329,8 @@ def _failed(positions: list[int], context: int, err: BaseException) -> dict[str,
 
 
 def main() -> int:
+    # the audit reads past a checkpoint's trained length, which vLLM refuses by default
+    os.environ.setdefault("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
     request = json.load(sys.stdin)
     positions = [int(p) for p in request["positions"]]
     context = int(request["context"])

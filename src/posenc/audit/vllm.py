@@ -62,8 +62,8 @@ def read_vllm(
     Args:
         config: the checkpoint's ``config.json`` as a dict.
         positions: ``[P]`` the audited positions (non-negative integers).
-        context: the prefill length the probe batch stands for (its last position,
-            ``context - 1``, is in the batch, as vLLM's LongRoPE choice reads the batch).
+        context: the sequence length; vLLM is served with ``--max-model-len context``
+            (LongRoPE's short or long factors follow it).
         python: vLLM's interpreter (default ``vllm_python()``).
 
     Returns:
@@ -87,7 +87,8 @@ def read_vllm_jobs(
 ) -> list[Reading]:
     """Several readings in one worker run (vLLM's import takes seconds; do it once).
 
-    A job is ``{"config": config_json}`` (vLLM builds the model) or ``{"get_rope": kwargs,
+    A job is ``{"config": config_json}`` (vLLM builds the model; ``"max_model_len"``
+    serves it with another ``--max-model-len`` than ``context``) or ``{"get_rope": kwargs,
     "source": "models/x.py"}`` (``get_rope`` with the arguments that model file passes, for
     a part not built as a decoder, e.g. a vision tower; ``dtype`` a torch dtype's name).
     """
