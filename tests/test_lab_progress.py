@@ -86,3 +86,23 @@ def test_a_sweep_off_a_terminal_says_when_each_run_starts_and_ends(tmp_path, cap
     capsys.readouterr()
     assert cli.main(["lab", *TINY, "--encodings", "nope,alibi", "--out", str(out)]) == 0
     assert "started" not in capsys.readouterr().out  # every run finished earlier
+
+
+def test_on_a_terminal_the_lines_scroll_above_progress_bars(tmp_path):
+    from posenc.lab.config import LabConfig
+    from posenc.lab.runner import run_lab
+
+    config = LabConfig(encodings=("nope",), train_len=16, eval_lens=(16,), steps=3,
+                       batch_size=4, warmup=1, d_model=16, num_heads=2, eval_tokens=64,
+                       finetune_steps=0, scalings=(), seeds=(0,))  # fmt: skip
+    screen = io.StringIO()
+    console = Console(file=screen, force_terminal=True, width=100)
+    run_lab(config, tmp_path / "out", console=console, threads=1, progress=True)
+    said = screen.getvalue()
+    assert "run 1/1 started: nope s0" in said and "run 1/1 finished: nope s0, ok" in said
+    assert said.index("\u2501") > said.index("run 1/1 started")  # a bar while it trains
+    plain = io.StringIO()
+    off = Console(file=plain, width=100)  # not a terminal: the lines, no bar
+    run_lab(config, tmp_path / "again", console=off, threads=1, progress=True)
+    assert "run 1/1 finished: nope s0, ok" in plain.getvalue()
+    assert "\u2501" not in plain.getvalue()
