@@ -173,6 +173,27 @@ def _rotary(key: str) -> bool:
     )
 
 
+def _default(name: str, fields: Mapping[str, Any], arch: Any) -> Any:
+    """What llama.cpp's loader takes when the GGUF lacks key ``name`` (load_hparams)."""
+    get = fields.get
+    heads = get(f"{arch}.attention.head_count")
+    head_dim = None
+    if heads and get(f"{arch}.embedding_length"):
+        head_dim = get(f"{arch}.embedding_length") // heads
+    key_length = get(f"{arch}.attention.key_length", head_dim)
+    return {
+        "attention.key_length": head_dim,
+        "attention.value_length": head_dim,
+        "rope.dimension_count": key_length,
+        "rope.freq_base": 10000.0,
+        "rope.scaling.original_context_length": get(f"{arch}.context_length"),
+        "rope.scaling.yarn_beta_fast": 32.0,
+        "rope.scaling.yarn_beta_slow": 1.0,
+        "rope.scaling.yarn_attn_factor": 1.0,
+        "rope.scaling.attn_factor": 1.0,
+    }.get(name)
+
+
 def _same(expected: Any, found: Any) -> bool:
     if found is None:
         return False
@@ -186,8 +207,9 @@ def _same(expected: Any, found: Any) -> bool:
 def gguf_diff(config: Mapping[str, Any], fields: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
     """``(key, converter's value, GGUF's value)`` for every rotary field the converter
     writes for ``config`` and the GGUF (``fields`` as ``posenc.audit.ggufread`` reads them)
-    holds differently or not at all, and every rotary key or tensor the GGUF holds that
-    the converter would not write (None: absent)."""
+    holds differently, or lacks where llama.cpp's default differs from the converter's
+    value, and every rotary key or tensor the GGUF holds that the converter would not
+    write (None: absent)."""
     arch, kv, tensors = converter_fields(config)
     expected = {f"{arch}.{k}": v for k, v in kv.items() if _rotary(k)}
     expected.update({k: v.tolist() for k, v in tensors.items()})
@@ -195,7 +217,8 @@ def gguf_diff(config: Mapping[str, Any], fields: Mapping[str, Any]) -> list[tupl
     out = [] if found_arch == arch else [("general.architecture", arch, found_arch)]
     for key, value in expected.items():
         found = fields.get(key.replace(f"{arch}.", f"{found_arch}.", 1))
-        if not _same(value, found):
+        default = _default(key.removeprefix(f"{arch}."), fields, found_arch)
+        if not _same(value, found) and (found is not None or not _same(value, default)):
             out.append((key, value, found))
     prefix = f"{found_arch}."
     for key, value in fields.items():
