@@ -34,13 +34,12 @@ exactly.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable
 
 import numpy as np
 
-from posenc.lab.significance import RESAMPLES
+from posenc.lab.significance import EXACT_UNITS, RESAMPLES, _signs
 
 __all__ = [
     "EXACT_SEEDS",
@@ -51,11 +50,12 @@ __all__ = [
     "seeds_needed",
 ]
 
-#: Up to this many seeds the sign-flip test enumerates all ``2**S`` patterns.
-EXACT_SEEDS = 16
+#: Up to this many seeds the sign-flip test enumerates all ``2**S`` patterns (the
+#: patterns are ``posenc.lab.significance``'s, which enumerates up to the same count).
+EXACT_SEEDS = EXACT_UNITS
 #: Random sign patterns beyond ``EXACT_SEEDS`` (smallest p: ``1 / (1 + SEED_FLIPS)``).
 SEED_FLIPS = 200_000
-_SEED = 20260102
+_SEED = 20260102  # the bootstrap's generator
 _CHUNK = 8192
 _TIE = 1e-9  # relative: sums of float64 means that are equal in exact arithmetic
 
@@ -77,17 +77,6 @@ def seeds_needed(comparisons: int = 1, *, alpha: float = 0.05) -> int:
     return math.floor(math.log2(2 * comparisons / alpha)) + 1
 
 
-@functools.lru_cache(maxsize=8)
-def _patterns(seeds: int) -> np.ndarray:
-    """``[R, S]`` signs ``+-1`` (float64): every pattern up to ``EXACT_SEEDS``, else
-    ``SEED_FLIPS`` random ones."""
-    if seeds <= EXACT_SEEDS:
-        codes = np.arange(2**seeds)[:, None] >> np.arange(seeds)[None, :]
-        return (1 - 2 * (codes & 1)).astype(np.float64)
-    gen = np.random.default_rng(_SEED + seeds)
-    return (1 - 2 * gen.integers(0, 2, size=(SEED_FLIPS, seeds), dtype=np.int8)).astype(float)
-
-
 def seed_sign_flip_tests(per_seed: np.ndarray) -> np.ndarray:
     """Two-sided p-values ``[K]`` of the sign-flip test over seeds of each row of
     ``per_seed`` ``[K, S]`` (the per-seed mean differences). Ties with the observed
@@ -100,7 +89,7 @@ def seed_sign_flip_tests(per_seed: np.ndarray) -> np.ndarray:
     if d.ndim != 2 or d.shape[1] == 0 or not np.all(np.isfinite(d)):
         raise ValueError(f"need finite per-seed differences [K, S], got shape {d.shape}")
     observed = np.abs(d.sum(1)) - _TIE * np.abs(d).sum(1)  # [K]
-    signs = _patterns(d.shape[1])
+    signs = _signs(d.shape[1], SEED_FLIPS).astype(np.float64)  # [R, S], exact +-1
     hits = np.zeros(len(d), dtype=np.int64)
     for block in np.split(signs, range(_CHUNK, len(signs), _CHUNK)):
         hits += np.count_nonzero(np.abs(block @ d.T) >= observed, axis=0)
