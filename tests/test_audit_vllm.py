@@ -348,3 +348,31 @@ def test_missing_environment_is_a_note(tmp_path):
 def test_bad_input_raises(config, positions, context, match):
     with pytest.raises(ValueError, match=match):
         read_vllm(config, positions, context=context, python="unused")
+
+
+def _table(theta: np.ndarray, *, computed: int | None = None):
+    from posenc.audit.reading import LayerPositions, Reading
+
+    angles = _angles(theta)
+    scale = np.full(len(POSITIONS), 1.25)
+    if computed is not None:  # positions from `computed` on: not run (vLLM past its cache)
+        past = np.asarray(POSITIONS) >= computed
+        angles[past] = np.nan
+        scale[past] = np.nan
+    layer = LayerPositions(True, D, D, "half", angles, scale)
+    return Reading("vllm" if computed else "transformers", POSITIONS, CONTEXT, (layer,))
+
+
+@pytest.mark.parametrize("factor", [1.0, 1.0 + 2.0**-10])
+def test_comparer_skips_positions_a_runtime_does_not_compute(factor):
+    """Rows past vLLM's cache are NaN: compared on the positions both compute, a difference
+    there is still found."""
+    from posenc.audit.compare import compare
+
+    theta = ref.rope_frequencies(D, BASE)
+    rows = {
+        r.field: r
+        for r in compare([_table(theta), _table(theta * factor, computed=1000)], [512]).rows
+    }
+    assert rows["frequencies"].agree == (factor == 1.0)
+    assert rows["cos/sin factor"].agree and rows["cos/sin factor"].values["vllm"] == "1.25"

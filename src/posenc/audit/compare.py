@@ -9,7 +9,9 @@ each layer's fields (``ROW_FIELDS``). Two values agree when equal; the frequenci
 parameter). A half-split layout in one reading and adjacent pairs in a GGUF of an
 architecture llama.cpp runs with ``LLAMA_ROPE_TYPE_NORM`` agree: llama.cpp's converter
 permutes those Q/K rows (``convert_hf_to_gguf.py``, ``LlamaModel.permute``), which
-``posenc.audit.weights`` checks from the weights.
+``posenc.audit.weights`` checks from the weights. A NaN row is a position that runtime does
+not compute (vLLM past its cos/sin cache; its reading's note says so): both readings are
+compared on the positions both compute.
 
 The largest change of an attention score a difference causes at length ``N``, for unit
 ``q, k`` whose pairs all align (the worst case): with offsets ``m`` the audited positions
@@ -115,10 +117,15 @@ def _permuted(reading: Reading) -> bool:
     return ARCHITECTURES.get(str(reading.fields.get("general.architecture"))) == "norm"
 
 
+def _computed(layer: LayerPositions) -> np.ndarray:
+    """``[P]`` whether the runtime computed each position (NaN rows: it did not)."""
+    return np.isfinite(layer.scale) & np.isfinite(layer.angles).all(axis=1)
+
+
 def _thetas(layer: LayerPositions, positions: np.ndarray, pairs: int) -> np.ndarray:
-    last = max(int(positions[-1]), 1)
+    row = int(np.flatnonzero(_computed(layer))[-1]) if _computed(layer).any() else -1
     out = np.zeros(pairs)
-    out[: layer.rotary_dim // 2] = layer.angles[-1] / last
+    out[: layer.rotary_dim // 2] = layer.angles[row] / max(int(positions[row]), 1)
     return out
 
 
@@ -130,7 +137,7 @@ def _freq_change(a: LayerPositions, b: LayerPositions, pos: np.ndarray, n: int) 
 
 
 def _scale_change(a: LayerPositions, b: LayerPositions, pos: np.ndarray, n: int) -> float:
-    keep = pos < n
+    keep = (pos < n) & _computed(a) & _computed(b)
     return float(np.max(np.abs(a.scale[keep] ** 2 - b.scale[keep] ** 2), initial=0.0))
 
 
@@ -154,10 +161,11 @@ def _field(name: str, a: LayerPositions, b: LayerPositions, ctx: dict[str, Any])
         change = {n: _freq_change(a, b, pos, n) for n in lengths}
         return _show_thetas(a, pos), _show_thetas(b, pos), same, change
     if name == "cos/sin factor":
-        same = _close(a.scale, b.scale)
+        both = _computed(a) & _computed(b)
+        same = _close(a.scale[both], b.scale[both])
         return (
-            _num(a.scale[-1]),
-            _num(b.scale[-1]),
+            _num(a.scale[_computed(a)][-1] if _computed(a).any() else math.nan),
+            _num(b.scale[_computed(b)][-1] if _computed(b).any() else math.nan),
             same,
             {n: _scale_change(a, b, pos, n) for n in lengths},
         )
