@@ -116,7 +116,7 @@ def compute_lines(results: dict) -> list[str]:
         "learning rate decayed.",
         "",
         "| encoding | steps | train CPU-s | CPU-s / step | x cheapest | GFLOPs | "
-        f"step at {budget:.0f} CPU-s | train loss there |",
+        f"step at {budget:.1f} CPU-s | train loss there |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
