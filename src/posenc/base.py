@@ -446,8 +446,10 @@ def check_token_axis(q: Tensor, k: Tensor, *, fix: str, offset: int = 0) -> None
     Raises:
         ValueError: the shapes, why they are ambiguous, and both ways out.
     """
-    shapes = f"q {tuple(q.shape)} and k {tuple(k.shape)}"
     t_q, t_k = q.shape[2], k.shape[2]
+    if t_q <= t_k and (t_q <= 1 or offset or q.shape[1] <= t_q or q.shape[1:3] != k.shape[1:3]):
+        return  # the common case, decided before any message is formatted
+    shapes = f"q {tuple(q.shape)} and k {tuple(k.shape)}"
     if t_q > t_k and q.shape[1] == k.shape[1]:
         raise ValueError(
             f"{shapes} as [B, H, T, D] have queries longer than the keys ({t_q} > {t_k}): "

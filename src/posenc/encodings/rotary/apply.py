@@ -63,16 +63,23 @@ from posenc.encodings.rotary.rope_op import compute_dtype, rotate_into, rotation
 __all__ = ["apply_rope", "apply_rope_", "check_no_overlap", "shares_memory"]
 
 
+def check_dense(name: str, t: Tensor) -> None:
+    """Refuse a sparse or nested tensor (the rotations read strided memory)."""
+    if t.layout != torch.strided or t.is_nested:
+        layout = "nested" if t.is_nested else t.layout
+        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {layout}")
+
+
 def _check(x: Tensor, cos: Tensor, sin: Tensor) -> int:
     """Validate shapes; return the rotary dim ``R``."""
     for name, t in (("x", x), ("cos", cos), ("sin", sin)):
         check_tensor(name, t)
-        if t.layout != torch.strided or t.is_nested:
-            layout = "nested" if t.is_nested else t.layout
-            raise TypeError(f"{name} must be a dense (strided) tensor, got layout {layout}")
-    check_tensor("x", x, ndim=4)
-    check_tensor("cos", cos, ndim=(2, 3))
-    check_tensor("sin", sin, ndim=(2, 3))
+        check_dense(name, t)
+    if x.dim() != 4:
+        raise ValueError(f"x must have 4 dimensions, got shape {tuple(x.shape)}")
+    for name, t in (("cos", cos), ("sin", sin)):
+        if t.dim() not in (2, 3):
+            raise ValueError(f"{name} must have 2 or 3 dimensions, got shape {tuple(t.shape)}")
     if cos.shape != sin.shape:
         raise ValueError(
             f"cos and sin must have the same shape, got {tuple(cos.shape)} and {tuple(sin.shape)}"
@@ -169,7 +176,12 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = False
         TypeError: non-tensor, non-floating, complex, sparse or nested inputs.
     """
     _check(x, cos, sin)
-    interleaved = check_bool("interleaved", interleaved)
+    return rotate_checked(x, cos, sin, check_bool("interleaved", interleaved))
+
+
+def rotate_checked(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
+    """``apply_rope`` after its checks, for a caller that checked ``x`` (4-D, floating,
+    dense) and built ``cos``/``sin`` for it (``RotaryEmbedding``)."""
     route = _route(x, cos, sin)
     if route == "plain":
         return _rotate_differentiable(x, cos, sin, interleaved)

@@ -61,7 +61,7 @@ from torch.utils.hooks import RemovableHandle
 from posenc._checks import check_bool, check_int, check_tensor, resolve_positions
 from posenc._dtypes import compute_dtype
 from posenc.base import PositionalEncoding, Site, check_token_axis, register
-from posenc.encodings.rotary.apply import apply_rope
+from posenc.encodings.rotary.apply import check_dense, rotate_checked
 from posenc.encodings.rotary.functional import (
     Frequencies,
     rerotate_keys,
@@ -102,7 +102,8 @@ class _State:
     length: int  # longest length seen (0: none)
     inv_freq: Tensor  # float64 [R/2], on the CPU
     scale: float
-    tables: dict = field(default_factory=dict)  # (device, dtype) -> (cos, sin) [N, R/2]
+    # (device, dtype) -> (cos, sin) [N, R/2]; (device, dtype, T) -> their first T rows
+    tables: dict = field(default_factory=dict)
 
 
 @register(
@@ -317,9 +318,12 @@ class RotaryEmbedding(PositionalEncoding):
         return self._cos_sin(self._state, positions, compute_dtype(dtype))
 
     def _cos_sin(
-        self, state: _State, positions: Tensor, dtype: torch.dtype
+        self, state: _State, positions: Tensor, dtype: torch.dtype, *, start: int | None = None
     ) -> tuple[Tensor, Tensor]:
+        """As ``cos_sin``; ``start``: ``positions`` are ``start, start + 1, ...`` (sliced)."""
         direct = positions.is_floating_point() or torch.compiler.is_compiling()  # no host sync
+        if start is not None and not direct:
+            return self._rows(state, start, start + positions.shape[-1], positions.device, dtype)
         if direct or positions.numel() == 0:
             return rope_cos_sin(positions, state.inv_freq, attention_scale=state.scale, dtype=dtype)
         low, high = (int(v) for v in positions.aminmax())
@@ -327,6 +331,25 @@ class RotaryEmbedding(PositionalEncoding):
             return rope_cos_sin(positions, state.inv_freq, attention_scale=state.scale, dtype=dtype)
         cos, sin = self._table(state, high + 1, positions.device, dtype)
         return cos[positions], sin[positions]
+
+    def _rows(
+        self, state: _State, start: int, end: int, device: torch.device, dtype: torch.dtype
+    ) -> tuple[Tensor, Tensor]:
+        """``(cos, sin)`` of positions ``start .. end - 1``: rows of the cached table. Those
+        from 0 (a forward without positions or offset) are kept as views, keyed by their
+        end beside the tables, so a repeated length costs one dictionary look-up."""
+        key = (device, dtype, end) if start == 0 else None
+        rows = state.tables.get(key)
+        if rows is not None:
+            return rows
+        if not 0 <= start < end <= self._table_limit:
+            positions = torch.arange(start, end, device=device)
+            return rope_cos_sin(positions, state.inv_freq, attention_scale=state.scale, dtype=dtype)
+        cos, sin = self._table(state, end, device, dtype)
+        rows = cos[start:end], sin[start:end]
+        if key is not None:
+            state.tables[key] = rows
+        return rows
 
     @property
     def _table_limit(self) -> int:
@@ -340,9 +363,13 @@ class RotaryEmbedding(PositionalEncoding):
 
     # ------------------------------------------------------------------ QK site
 
-    def _check_qk(self, q: Tensor, k: Tensor) -> None:
-        check_tensor("q", q, ndim=4)
-        check_tensor("k", k, ndim=4)
+    def _check_qk(self, q: Tensor, k: Tensor, *, checked: bool = False) -> None:
+        """Check ``q`` and ``k`` (``checked``: their type and ``ndim`` already are)."""
+        if not checked:
+            check_tensor("q", q, ndim=4)
+            check_tensor("k", k, ndim=4)
+        check_dense("q", q)
+        check_dense("k", k)
         if q.shape[-1] != self.head_dim or k.shape[-1] != self.head_dim:
             raise ValueError(
                 f"q and k must have head_dim={self.head_dim}, got q {tuple(q.shape)} "
@@ -375,19 +402,32 @@ class RotaryEmbedding(PositionalEncoding):
         return q_pos, k_pos
 
     def _rotate(
-        self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, state: _State
+        self,
+        q: Tensor,
+        k: Tensor,
+        q_pos: Tensor,
+        k_pos: Tensor,
+        state: _State,
+        *,
+        start: int | None = None,
     ) -> tuple[Tensor, Tensor]:
-        """Rotate with one snapshot ``state``: q and k see the same frequencies."""
+        """Rotate with one snapshot ``state``: q and k see the same frequencies.
+
+        ``start``: the positions are consecutive, ``k_pos`` from ``k_pos[0]`` and ``q_pos``
+        from ``start`` (``_rotate_span``), so their tables can be sliced."""
         q_dtype, k_dtype = compute_dtype(q.dtype), compute_dtype(k.dtype)
-        cos_q, sin_q = self._cos_sin(state, q_pos, q_dtype)
+        k_start = None if start is None else start - k.shape[-2] + q.shape[-2]
+        cos_q, sin_q = self._cos_sin(state, q_pos, q_dtype, start=start)
         same = q_pos is k_pos and q_dtype == k_dtype
-        cos_k, sin_k = (cos_q, sin_q) if same else self._cos_sin(state, k_pos, k_dtype)
+        cos_k, sin_k = (
+            (cos_q, sin_q) if same else self._cos_sin(state, k_pos, k_dtype, start=k_start)
+        )
         cos_q, sin_q = self._modulate(cos_q, sin_q, q_pos, query=True)
         cos_k, sin_k = self._modulate(cos_k, sin_k, k_pos, query=False)
         if self.clockwise:
             sin_q, sin_k = -sin_q, -sin_k
-        q = apply_rope(q, cos_q, sin_q, interleaved=self.interleaved)
-        k = apply_rope(k, cos_k, sin_k, interleaved=self.interleaved)
+        q = rotate_checked(q, cos_q, sin_q, self.interleaved)  # checked by _check_qk
+        k = rotate_checked(k, cos_k, sin_k, self.interleaved)
         return q, k
 
     def forward(
@@ -425,7 +465,7 @@ class RotaryEmbedding(PositionalEncoding):
         self, q: Tensor, k: Tensor, positions: Tensor | None, offset: int
     ) -> tuple[Tensor, Tensor]:
         """``forward`` on ``[B, H, T, D]`` views."""
-        self._check_qk(q, k)
+        self._check_qk(q, k, checked=True)
         offset = check_int("offset", offset, minimum=0)
         t_q, t_k = q.shape[-2], k.shape[-2]
         if positions is None:
@@ -433,9 +473,7 @@ class RotaryEmbedding(PositionalEncoding):
                 check_token_axis(q, k, fix=_layout_fix(type(self)), offset=offset)
             elif t_q > t_k:
                 raise ValueError(f"q is longer than k ({t_q} > {t_k}); pass positions")
-            k_pos = torch.arange(offset, offset + t_k, device=k.device)
-            q_pos = k_pos if t_q == t_k else k_pos[t_k - t_q :]
-            return self.rotate(q, k, q_pos, k_pos)
+            return self._rotate_span(q, k, offset)
         if t_q != t_k:
             raise ValueError(f"positions are shared, but q has T={t_q} and k has T={t_k}")
         if isinstance(positions, Tensor) and positions.dim() in (1, 2):
@@ -443,6 +481,21 @@ class RotaryEmbedding(PositionalEncoding):
         positions = resolve_positions(positions, t_q, batch=q.shape[0])
         positions = positions + offset if offset else positions
         return self.rotate(q, k, positions, positions)
+
+    def _rotate_span(self, q: Tensor, k: Tensor, offset: int) -> tuple[Tensor, Tensor]:
+        """``forward`` without positions: keys at ``offset .. offset + Tk - 1``, queries the
+        last ``Tq`` of them. Their cos/sin are rows of the cached table, sliced, not
+        gathered: a gather costs as much as the rotation of a small q and k, and on a
+        loaded machine its thread split waits for a core."""
+        t_q, t_k = q.shape[-2], k.shape[-2]
+        k_pos = _arange(offset, offset + t_k, k.device)
+        q_pos = k_pos if t_q == t_k else k_pos[t_k - t_q :]
+        if type(self).rotate is not RotaryEmbedding.rotate:  # a subclass's own rotation
+            return self.rotate(q, k, q_pos, k_pos)
+        state = self._state
+        if self.scaling.length_dependent:
+            state = self._advance(offset + t_k)[0]
+        return self._rotate(q, k, q_pos, k_pos, state, start=offset + t_k - t_q)
 
     def _check_length(self, positions: Tensor, q: Tensor) -> None:
         """Refuse positions whose length is not the layout's ``T`` axis of ``q``."""
@@ -485,6 +538,13 @@ class RotaryEmbedding(PositionalEncoding):
             + (f", layout={self.layout!r}" if self.layout != "bhtd" else "")
             + (f", length_policy={self.length_policy!r}" if self.scaling.length_dependent else "")
         )
+
+
+@functools.lru_cache(maxsize=64)
+def _arange(start: int, end: int, device: torch.device) -> Tensor:
+    """``arange(start, end)`` on ``device``, kept for the next call of the same span (a
+    forward without positions; never written to)."""
+    return torch.arange(start, end, device=device)
 
 
 @functools.cache

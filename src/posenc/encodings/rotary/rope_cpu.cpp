@@ -317,11 +317,13 @@ void rotate_all(const Layout& s, const void* x_ptr, void* out_ptr, const void* c
   const auto* sin = static_cast<const acc_t*>(sin_ptr);
   const int64_t rows = s.batch * s.heads * s.length;
   // at::parallel_for deals each thread one contiguous range of rows, walked in memory order
-  // (ranges of at least about 32 KiB of x: a small tensor stays on one thread). Measured
-  // under load (two busy processes on the two cores), this static split beat letting a
-  // thread that finished early take over the rest of the other's range.
+  // (ranges of at least about 1 MiB of x: a tensor under 2 MiB stays on one thread, where a
+  // second thread would save tens of microseconds and, on a loaded machine, wait for a
+  // core for milliseconds). Measured under load (two busy processes on the two cores),
+  // this static split beat letting a thread that finished early take over the rest of
+  // the other's range.
   const int64_t row_bytes = std::max<int64_t>(1, s.dim * static_cast<int64_t>(sizeof(scalar_t)));
-  const int64_t grain = std::max<int64_t>(1, (32 << 10) / row_bytes);
+  const int64_t grain = std::max<int64_t>(1, (1 << 20) / row_bytes);
   at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
     rotate_rows<scalar_t, acc_t, pairs>(s, x, out, cos, sin, interleaved, begin, end);
   });
