@@ -14,7 +14,8 @@ Shapes: ``B`` batch, ``T`` length, ``C`` d_model.
   runs, without inductor's code generation) for a representative subset in the default
   run (an offset bias, a learned-table bias, an MLP bias, CoPE, Shaw) and every encoding
   under ``-m slow``, where inductor itself also trains every encoding (``fullgraph``);
-  with attention sinks and grouped keys (ALiBi, Shaw) by default.
+  with attention sinks and grouped keys (ALiBi, Shaw) by default; with attention dropout,
+  the compiled gradient against central differences of the compiled function.
 * ``torch.export`` of an inference layer with a dynamic length: ALiBi (``backend="sdpa"``
   for any length; the chunked backend's loop over query blocks specializes the length
   to at most ``block_size``) and RoPE.
@@ -262,6 +263,32 @@ def test_compiled_training_with_sinks_and_grouped_keys_matches_eager(name):
     """The sink logits' gradient too; ALiBi's blocks then take the sink key, not the
     offset table."""
     _check_training(name, "aot_eager", True, sinks=True, num_kv_heads=H // 2)
+
+
+@pytest.mark.parametrize("name", ["t5", "shaw"])
+def test_compiled_training_with_dropout_differentiates_the_forward_that_ran(name):
+    """With attention dropout the compiled masks are not eager's, so the compiled gradient
+    is checked against central differences of the compiled function itself (float64, the
+    same seed for every call): a backward that recomputed a block with another mask
+    would differ by O(1)."""
+    layer = _layer(name, block_size=4, dropout=0.5).train().double()
+    gen = torch.Generator().manual_seed(3)
+    x, weights, direction = (
+        torch.randn(B, 7, C, generator=gen, dtype=torch.float64) for _ in "xwd"
+    )
+    compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)
+
+    def loss(x):
+        torch.manual_seed(5)
+        return (compiled(x) * weights).sum()
+
+    x.requires_grad_(True)
+    (grad,) = torch.autograd.grad(loss(x), x)
+    step = torch.finfo(torch.float64).eps ** (1 / 3)  # central differences' best step
+    with torch.no_grad():
+        slope = (loss(x + step * direction) - loss(x - step * direction)) / (2 * step)
+    rtol = torch.finfo(torch.float64).eps ** 0.5
+    torch.testing.assert_close((grad * direction).sum(), slope, rtol=rtol, atol=0)
 
 
 @pytest.mark.slow

@@ -11,13 +11,19 @@ and the eager formula (``fn(..., exact=True)``) when the backward itself builds 
 (``create_graph=True``), since the fused kernels' backward is not differentiable. That
 makes the chunked backend twice differentiable (``gradgradcheck``).
 
-Under ``torch.compile`` ``recompute`` is ``fn(*inputs)`` itself: dynamo cannot trace the
-``torch.autograd.grad`` of the recomputing backward (with ``fullgraph=True`` it refuses
-it, and without it the ``autograd.Function``'s subgraph cannot hand out the tensors an
-encoding caches). The block's plain differentiable operations are traced instead, and
-AOTAutograd derives their backward; its partitioner chooses what the backward keeps and
-what it recomputes. A compiled backward is not differentiable again (AOTAutograd has no
-double backward).
+Under ``torch.compile`` dynamo cannot trace the ``torch.autograd.grad`` of that backward
+(with ``fullgraph=True`` it refuses it), so there ``recompute`` is
+``torch.utils.checkpoint.checkpoint(fn, *inputs, use_reentrant=False)``, which dynamo
+captures as a region the backward graph recomputes: AOTAutograd derives the backward of
+the block's operations and its partitioner keeps the region's activations out of the
+saved ones (with dropout, the gradient is that of the forward that ran). Measured on
+``MultiHeadAttention`` with ALiBi (``T = 4096``, ``H = 4``, ``C = 64``, one thread; a
+``[H, T, T]`` float32 tensor is 256 MiB), the peak memory of a training step above its
+start: eager 10 MiB, compiled through AOTAutograd 21 MiB (266 MiB with the block's plain
+operations instead of the checkpoint), inductor 130 MiB (264 MiB).
+A compiled backward is not differentiable again (AOTAutograd has no double backward).
+Hooks do not cache tensors they make under compile (a checkpointed region cannot hand
+them out).
 """
 
 from __future__ import annotations
@@ -92,11 +98,10 @@ def recompute(fn: Callable[..., Tensor], *inputs: Tensor, dropout: bool) -> Tens
         dropout: whether ``fn`` draws random numbers (the backward replays them).
 
     Returns:
-        ``fn(*inputs)``; under ``torch.compile`` computed with its graph kept, for
-        AOTAutograd to differentiate.
+        ``fn(*inputs)``; under ``torch.compile`` through ``torch.utils.checkpoint``.
     """
     if torch.compiler.is_compiling():
-        return fn(*inputs)
+        return torch.utils.checkpoint.checkpoint(fn, *inputs, use_reentrant=False)
     return _Recompute.apply(fn, dropout, *inputs)
 
 

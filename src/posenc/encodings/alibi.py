@@ -196,7 +196,8 @@ class ALiBi(PositionalEncoding):
         cached = self._slopes.get(device)
         if cached is None:
             cached = self._base.to(device)
-            self._slopes[device] = cached
+            if not torch.compiler.is_compiling():  # a checkpointed graph keeps none it made
+                self._slopes[device] = cached
         return cached
 
     def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
