@@ -112,6 +112,8 @@ def test_layers_and_patch_match_the_real_model(model_type):
 @pytest.mark.slow
 @pytest.mark.parametrize("model_type", sorted(NOT_BUILT))
 def test_each_exclusion_raises_its_error(model_type):
+    if model_type not in FAMILIES:
+        pytest.skip(f"{model_type} is not a family of transformers {transformers.__version__}")
     error, pattern, _ = NOT_BUILT[model_type]
     with pytest.raises(error, match=pattern):
         model = walk.build(model_type)
@@ -175,6 +177,8 @@ def test_mllama_bad_cross_attention_layers_are_refused(layers, error, match):
 def test_lara_mini_rotates_its_sliding_layers_only():
     """Lara Mini: the model hands position embeddings to its sliding-window layers only;
     its full-attention layers are NoPE and its linear-attention layers have no scores."""
+    if not hasattr(transformers, "LaraMiniConfig"):
+        pytest.skip("Lara Mini is new in transformers 5.24")
     config = transformers.LaraMiniConfig(num_hidden_layers=10)
     sliding = [i for i, kind in enumerate(config.layer_types) if kind == "sliding_attention"]
     assert {"full_attention", "linear_attention"} <= set(config.layer_types)
@@ -211,6 +215,8 @@ def test_sparse_indexers_rotate_the_attention_rope_in_their_own_layout(model_typ
     """The walk compares the attention's rotation with the layer plan; a sparse-attention
     indexer rotates by the same angles, in its own layout (half-split where DeepSeek-V3.2's
     attention is interleaved): the plan's rotation in that layout gives its scores."""
+    if model_type not in FAMILIES:
+        pytest.skip(f"{model_type} is not a family of transformers {transformers.__version__}")
     model = walk.build(model_type)
     plan = [
         posenc.RotaryEmbedding(e.head_dim, base=e.base, interleaved=interleaved)

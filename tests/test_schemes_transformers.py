@@ -306,8 +306,10 @@ def test_patched_llama4_equals_the_model_under_explicit_positions():
         with torch.no_grad():
             full = model(input_ids=ids, position_ids=positions).logits
             cache = model(input_ids=ids[:, :8], position_ids=positions[:, :8], use_cache=True)
-            step = model(
-                input_ids=ids[:, 8:9], position_ids=positions[:, 8:9], cache=cache.cache
+            step = model(  # past_key_values: the name before transformers 5.24, an alias since
+                input_ids=ids[:, 8:9],
+                position_ids=positions[:, 8:9],
+                past_key_values=cache.past_key_values,
             ).logits
         return full, step
 
