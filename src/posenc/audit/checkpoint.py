@@ -9,6 +9,8 @@ or a GGUF file alone. The readings:
   config transformers' own GGUF loader makes of it (``load_gguf_checkpoint``), which is how
   ``from_pretrained(..., gguf_file=...)`` runs it;
 * posenc's plan (``posenc.hf.layer_plan``) on the same config;
+* the paper's formulas (``posenc.audit.paper``, float64) on the same config, so that where
+  runtimes disagree the table shows which one departs from the paper;
 * llama.cpp on the GGUF (``posenc.audit.ggufread``), and the GGUF's rotary fields against
   those llama.cpp's converter writes for the ``config.json`` (``posenc.audit.convert``);
 * vLLM (``posenc.audit.vllm``) on the ``config.json``, in its own environment; where that
@@ -145,6 +147,7 @@ def audit(
     """
     from posenc.audit.ggufread import gguf_rope, read_gguf
     from posenc.audit.hfread import read_posenc, read_transformers
+    from posenc.audit.paper import read_paper
 
     config_path, gguf_path = _find(Path(path), None if gguf is None else Path(gguf))
     config = None if config_path is None else _load_config(config_path)
@@ -159,6 +162,7 @@ def audit(
     if config is None:
         readings[0] = _renamed(readings[0], "transformers (GGUF loader)")
     readings.append(read_posenc(hf_config, positions, context=context))
+    readings.append(read_paper(hf_config, positions, context=context))
     if gguf_path is not None:
         readings.append(read_gguf(gguf_path, positions, context=context))
     if vllm and config is not None:

@@ -1,0 +1,126 @@
+"""The paper's reading of a ``config.json``: its RoPE scaling from the float64 formulas.
+
+Shapes: ``P`` positions, ``R`` rotary dim, ``L`` layers.
+
+Beside the runtimes, the audit reads a config once more with ``posenc.reference`` (plain
+NumPy written from each scaling's paper, independent of posenc's torch code and of every
+runtime): RoFormer's frequencies (Su et al. 2021, eq. 34), position interpolation (Chen et
+al. 2023), NTK-aware and dynamic NTK (bloc97 2023, emozilla 2023; NTK-alpha is NTK with
+``alpha``), YaRN with its attention factor (Peng et al. 2023, eq. 22; DeepSeek-V2's mscale
+ratio), Llama 3.1's wavelength bands, LongRoPE's short/long factors and attention factor
+(Ding et al. 2024). Where two runtimes disagree, the one that differs from this column is the
+one that departs from the paper. A config posenc does not read as plain RoPE (M-RoPE and
+other schemes, per-layer-type parameters) gets a note instead of layers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from posenc.audit.reading import LayerPositions, Reading, no_rotation
+from posenc.reference import rope as ref
+
+__all__ = ["read_paper"]
+
+RUNTIME = "paper (float64)"
+
+
+def _frequencies(scaling: Any, dim: int, base: float, context: int) -> tuple[np.ndarray, float]:
+    """``([R/2] theta, cos/sin factor)`` of a posenc scaling dataclass, from the reference."""
+    kind = type(scaling).rope_type
+    if kind == "default":
+        return ref.rope_frequencies(dim, base), 1.0
+    if kind == "linear":
+        return ref.linear_frequencies(dim, base, scaling.factor), 1.0
+    if kind == "ntk":
+        return ref.ntk_frequencies(dim, base, scaling.factor), 1.0
+    if kind == "ntk_alpha":
+        return ref.ntk_frequencies(dim, base, scaling.alpha), 1.0
+    original = getattr(scaling, "original_max_position_embeddings", None)
+    if kind == "dynamic":
+        return ref.dynamic_ntk_frequencies(dim, base, scaling.factor, original, context), 1.0
+    if kind == "yarn":
+        theta = ref.yarn_frequencies(
+            dim,
+            base,
+            scaling.factor,
+            original,
+            beta_fast=scaling.beta_fast,
+            beta_slow=scaling.beta_slow,
+            truncate=scaling.truncate,
+        )
+        factor = scaling.attention_factor or ref.yarn_attention_factor(
+            scaling.factor, mscale=scaling.mscale, mscale_all_dim=scaling.mscale_all_dim
+        )
+        return theta, factor
+    if kind == "llama3":
+        theta = ref.llama3_frequencies(
+            dim,
+            base,
+            scaling.factor,
+            scaling.low_freq_factor,
+            scaling.high_freq_factor,
+            original,
+        )
+        return theta, 1.0
+    if kind == "longrope":
+        theta = ref.longrope_frequencies(
+            dim, base, list(scaling.short_factor), list(scaling.long_factor), original, context
+        )
+        factor = scaling.attention_factor or ref.longrope_attention_factor(scaling.factor, original)
+        return theta, factor
+    raise ValueError(f"no float64 reference for rope type {kind!r}")
+
+
+def read_paper(
+    config: Mapping[str, Any], positions: Sequence[int] | np.ndarray, *, context: int
+) -> Reading:
+    """The paper's reading of ``config`` at ``positions`` (``[P]``) for ``context`` tokens.
+
+    Which layers rotate is posenc's plan (``posenc.hf.layer_plan``); every rotating layer
+    gets the formula's ``[P, R/2]`` angles and cos/sin factor.
+    """
+    from posenc.hf import layer_plan
+    from posenc.hf.config import parse_hf_rope_config
+
+    pos = np.asarray(positions)
+    params = config.get("rope_parameters")
+    if isinstance(params, Mapping) and any(isinstance(v, Mapping) for v in params.values()):
+        return Reading(RUNTIME, pos, context, note="per-layer-type rope parameters: not read")
+    try:
+        rope = parse_hf_rope_config(dict(config))
+        theta, factor = _frequencies(rope.scaling, rope.rotary_dim, rope.base, context)
+        plan = layer_plan(dict(config))
+    except ValueError as err:
+        return Reading(RUNTIME, pos, context, note=f"not read as plain RoPE: {err}")
+    rotating = LayerPositions(
+        rotates=True,
+        head_dim=rope.head_dim,
+        rotary_dim=rope.rotary_dim,
+        pairs="adjacent" if rope.interleaved else "half",
+        angles=pos.astype(np.float64)[:, None] * theta[None, :],
+        scale=np.full(len(pos), factor),
+        softmax_scale=_mla_softmax_scale(config, rope.scaling),
+    )
+    layers = [rotating if _rotates(m) else no_rotation(rope.head_dim, len(pos)) for m in plan]
+    return Reading(RUNTIME, pos, context, tuple(layers))
+
+
+def _mla_softmax_scale(config: Mapping[str, Any], scaling: Any) -> float | None:
+    """DeepSeek-V2's (MLA, sec. 2.1.3) softmax scale under YaRN: ``(D_nope + D_rope) ** -0.5``
+    times ``(1 + 0.1 mscale_all_dim ln s) ** 2``; None for other configs."""
+    if "qk_nope_head_dim" not in config or not getattr(scaling, "mscale_all_dim", None):
+        return None
+    width = config["qk_nope_head_dim"] + config["qk_rope_head_dim"]
+    mscale = 1.0 + 0.1 * scaling.mscale_all_dim * math.log(scaling.factor)
+    return width**-0.5 * mscale**2
+
+
+def _rotates(module: Any) -> bool:
+    from posenc.base import Site
+
+    return bool(module.sites & Site.QK)
