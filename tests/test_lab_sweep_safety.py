@@ -126,8 +126,8 @@ def test_an_option_for_another_task_is_refused_by_name(tmp_path, capsys, text, w
 
 @pytest.mark.parametrize(
     ("options", "words"),
-    [(["--config", "position"], "(shipped: positions); did you mean 'positions'?"),
-     (["--config", "Positons.toml"], "did you mean 'positions'?"),
+    [(["--config", "position"], "; did you mean 'positions'?"),
+     (["--config", "Positons.toml"], "and no shipped sweep of that name (shipped: "),
      (["--corpus", "fortune"], "--corpus 'fortune' does not exist; did you mean 'fortunes'?"),
      (["--corpus", "STDLIB"], "did you mean 'stdlib'?")],
 )  # fmt: skip
