@@ -142,7 +142,9 @@ def test_llamacpp_yarn_equals_transformers_yarn(base, dim, factor, orig, betas):
     )
     layer = layer_positions(rope, 0, [0, 1], context=orig)
     inv_freq, scale = _transformers_yarn(base, dim, factor, orig, *betas)
-    np.testing.assert_allclose(layer.angles[1], inv_freq, rtol=4e-7)  # float32 inv_freq
+    # transformers computes inv_freq in float32 (a power, a division, the ramp's mix): within
+    # 8 float32 epsilons, the comparer's RTOL
+    np.testing.assert_allclose(layer.angles[1], inv_freq, rtol=RTOL)
     assert math.isclose(layer.scale[0], scale, rel_tol=1e-12)
 
 
@@ -272,3 +274,84 @@ def test_released_config_agrees_in_every_runtime(name, tmp_path):
 def test_converter_fields_refuse_an_unknown_family():
     with pytest.raises(ValueError, match="model_type 'bert'"):
         converter_fields({"model_type": "bert"})
+
+
+# ---------------------------------------------------------------- ALiBi and sliding windows
+
+
+def _raw_gguf(path, arch, **kv):
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), arch)
+    for key, value in kv.items():
+        name = f"{arch}.{key.replace('__', '.')}"
+        if isinstance(value, list):
+            writer.add_array(name, value)
+        elif isinstance(value, float):
+            writer.add_float32(name, value)
+        else:
+            writer.add_uint32(name, value)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+BLOOM = {  # bigscience/bloom-560m's position fields
+    "model_type": "bloom",
+    "hidden_size": 1024,
+    "n_head": 16,
+    "n_layer": 24,
+}
+
+
+@pytest.mark.parametrize(("max_bias", "agree"), [(8.0, True), (16.0, False)])
+def test_alibi_model_reads_alike_and_a_wrong_max_bias_differs(tmp_path, max_bias, agree):
+    sizes = {"block_count": 24, "embedding_length": 1024, "attention__head_count": 16}
+    path = _raw_gguf(tmp_path / "b.gguf", "bloom", **sizes, attention__max_alibi_bias=max_bias)
+    pos = audit_positions(2048)
+    readings = [
+        read_transformers(BLOOM, pos, context=2048),
+        read_posenc(BLOOM, pos, context=2048),
+        read_gguf(path, pos, context=2048),
+    ]
+    rows = {r.field: r for r in compare(readings, [2048]).rows}
+    assert not any(layer.rotates for r in readings for layer in r.layers)
+    assert rows["alibi_max_bias"].agree is agree and rows["rotates"].agree
+    assert all(r.agree for name, r in rows.items() if name != "alibi_max_bias")
+
+
+def test_sliding_window_layers_take_the_swa_base(tmp_path):
+    sizes = {"block_count": 2, "embedding_length": 64, "attention__head_count": 4}
+    path = _raw_gguf(
+        tmp_path / "s.gguf",
+        "qwen2",
+        **sizes,
+        rope__freq_base=1e6,
+        rope__freq_base_swa=1e4,
+        attention__sliding_window=512,
+        attention__sliding_window_pattern=[True, False],
+    )
+    reading = read_gguf(path, [0, 1], context=10)
+    swa, full = reading.layers
+    assert (swa.sliding_window, full.sliding_window) == (512, None) and reading.note is None
+    np.testing.assert_allclose(swa.angles[1], 1e4 ** (-np.arange(8) / 8), rtol=1e-15)
+    np.testing.assert_allclose(full.angles[1], 1e6 ** (-np.arange(8) / 8), rtol=1e-15)
+    period = _raw_gguf(
+        tmp_path / "p.gguf",
+        "qwen2",
+        **{**sizes, "block_count": 4},
+        attention__sliding_window=8,
+        attention__sliding_window_pattern=2,
+    )
+    windows = [x.sliding_window for x in read_gguf(period, [0], context=1).layers]
+    assert windows == [8, None, 8, None]  # layer i slides when i % 2 < 1
+
+
+def test_a_window_without_its_pattern_is_read_as_full_with_a_note(tmp_path):
+    sizes = {"block_count": 2, "embedding_length": 64, "attention__head_count": 4}
+    path = _raw_gguf(tmp_path / "g.gguf", "qwen2", **sizes, attention__sliding_window=512)
+    reading = read_gguf(path, [0, 1], context=10)
+    assert "sliding_window_pattern" in reading.note
+    assert all(layer.sliding_window is None for layer in reading.layers)

@@ -46,12 +46,24 @@ def _raw_fields(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _plan(config: Mapping[str, Any]) -> list[Any]:
-    from posenc.hf import layer_plan
+    """``layer_plan``; for a family with one position module for the whole model (ALiBi,
+    absolute embeddings), which ``layer_plan`` refuses, that module at every layer."""
+    from posenc.hf import from_hf_config, layer_plan
+    from posenc.hf.config import as_config_dict
 
-    return layer_plan(dict(config))
+    try:
+        return layer_plan(dict(config))
+    except ValueError:
+        read = as_config_dict(dict(config))
+        layers = read.get("num_hidden_layers") or read.get("n_layer")
+        if not layers:
+            raise
+        return [from_hf_config(read, layer_idx=i) for i in range(int(layers))]
 
 
-def _layer(module: Any, positions: np.ndarray, context: int, window: int | None) -> LayerPositions:
+def _layer(
+    module: Any, positions: np.ndarray, context: int, window: int | None, head_dim: int
+) -> LayerPositions:
     """A plan module's ``LayerPositions``: RoPE (or M-RoPE around one), or no rotation for
     an encoding that does not touch queries and keys (NoPE, ALiBi, biases)."""
     from posenc.base import Site
@@ -59,9 +71,7 @@ def _layer(module: Any, positions: np.ndarray, context: int, window: int | None)
 
     if not module.sites & Site.QK:
         alibi = getattr(module, "max_bias", None) if type(module).__name__ == "ALiBi" else None
-        return no_rotation(
-            _head_dim(module), len(positions), sliding_window=window, alibi_max_bias=alibi
-        )
+        return no_rotation(head_dim, len(positions), sliding_window=window, alibi_max_bias=alibi)
     rope, extra = module, {}
     if hasattr(module, "mrope_section") and isinstance(
         getattr(module, "rope", None), RotaryEmbedding
@@ -87,8 +97,13 @@ def _layer(module: Any, positions: np.ndarray, context: int, window: int | None)
     )
 
 
-def _head_dim(module: Any) -> int:
-    return int(getattr(module, "head_dim", 0) or 0)
+def _config_head_dim(config: Mapping[str, Any]) -> int:
+    """The attention head width (``head_dim``, else ``hidden_size / num_attention_heads``)."""
+    from posenc.hf.config import as_config_dict
+
+    read = as_config_dict(dict(config))
+    text = read.get("text_config") or read
+    return int(text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"])
 
 
 def _windows(config: Mapping[str, Any], layers: int) -> list[int | None]:
@@ -110,13 +125,11 @@ def read_posenc(
     pos = np.asarray(positions)
     plan = _plan(config)
     windows = _windows(config, len(plan))
-    head_dim = max((_head_dim(m) for m in plan), default=0)
-    layers = []
-    for module, window in zip(plan, windows, strict=True):
-        layer = _layer(module, pos, context, window)
-        if not layer.rotates and not layer.head_dim:
-            layer = no_rotation(head_dim, len(pos), sliding_window=window)
-        layers.append(layer)
+    head_dim = _config_head_dim(config)
+    layers = [
+        _layer(module, pos, context, window, head_dim)
+        for module, window in zip(plan, windows, strict=True)
+    ]
     return Reading("posenc", pos, context, tuple(layers), _raw_fields(config))
 
 
@@ -160,18 +173,20 @@ def read_transformers(
 
     pos = np.asarray(positions)
     text = _config_object(config)
-    rotary = _rotary_class(text)(config=text)
-    per_type = isinstance(getattr(rotary, "rope_type", None), dict)
     kinds = getattr(text, "layer_types", None) or []
     plan = _plan(config)
     windows = _windows(config, len(plan))
+    head_dim = _config_head_dim(config)
     ids = torch.tensor([[context - 1]])
-    layers = []
+    layers, rotary, per_type = [], None, False
     for i, (module, window) in enumerate(zip(plan, windows, strict=True)):
-        planned = _layer(module, pos, context, window)
+        planned = _layer(module, pos, context, window, head_dim)
         if not planned.rotates:
             layers.append(planned)
             continue
+        if rotary is None:  # a family without rotary layers (ALiBi, NoPE) has no such module
+            rotary = _rotary_class(text)(config=text)
+            per_type = isinstance(getattr(rotary, "rope_type", None), dict)
         kind = kinds[i] if per_type else None
         prefix = f"{kind}_" if per_type else ""
         axes = ids.expand(3, 1, 1) if "sections" in planned.extra else ids  # M-RoPE: t, h, w
