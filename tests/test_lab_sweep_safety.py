@@ -16,7 +16,7 @@ import posenc.lab.results
 from _lab_helpers import within
 from posenc import cli
 from posenc.commands.lab import config_from_args
-from posenc.lab.config import LIMITS, LabConfig
+from posenc.lab.config import LIMITS, TASKS, LabConfig
 from posenc.lab.results import finished_runs, write_bytes
 from posenc.lab.sweepfile import load_sweep
 
@@ -122,6 +122,15 @@ def test_an_option_for_another_task_is_refused_by_name(tmp_path, capsys, text, w
     passkey = ["--task", "passkey", "--passkey-key-len", "3", "--eval-examples", "8"]
     config = config_from_args(cli.build_parser().parse_args(["lab", *passkey]))
     assert config.passkey_key_len == 3 and config.eval_examples == 8
+
+
+def test_every_task_takes_the_options_of_its_kind():
+    def parse(*options: str) -> LabConfig:
+        return config_from_args(cli.build_parser().parse_args(["lab", *options]))
+
+    for task in TASKS[1:]:
+        assert parse("--task", task, "--eval-examples", "8").eval_examples == 8
+    assert parse("--eval-tokens", "64", "--eval-stride", "16").eval_tokens == 64
 
 
 @pytest.mark.parametrize(

@@ -46,15 +46,16 @@ FLAGS = {
     "passkey_key_len": "--passkey-key-len",
 }
 
-#: Options that apply to some tasks only (``lm`` is text): given for another, refused.
+#: Options that apply to one kind of sweep only (text is task ``lm``; ``tasks``: every
+#: synthetic task); given for another, refused.
 _TASK_ONLY = {
-    "passkey_key_len": ("passkey",),
-    "eval_examples": ("copy", "reverse", "recall", "passkey", "addition", "sort"),
-    "corpus": ("lm",),
-    "eval_tokens": ("lm",),
-    "eval_stride": ("lm",),
-    "plateau": ("lm",),
-    "plateau_eps": ("lm",),
+    "passkey_key_len": "passkey",
+    "eval_examples": "tasks",
+    "corpus": "lm",
+    "eval_tokens": "lm",
+    "eval_stride": "lm",
+    "plateau": "lm",
+    "plateau_eps": "lm",
 }
 #: Default evaluation lengths as multiples of the training length.
 _LM_MULTIPLES = (1, 2, 4, 8, 16)
@@ -356,12 +357,14 @@ def _check_task_options(task: str, given: dict[str, object]) -> None:
         UsageError: the option and the tasks it applies to; the corpus.
     """
     from posenc.cli import suggest
+    from posenc.lab.config import TASKS
     from posenc.lab.corpus import CORPORA
 
-    for key, tasks in _TASK_ONLY.items():
-        if key in given and task not in tasks:
+    kinds = {"lm": ("lm",), "passkey": ("passkey",), "tasks": tuple(t for t in TASKS if t != "lm")}
+    for key, kind in _TASK_ONLY.items():
+        if key in given and task not in kinds[kind]:
             flag = FLAGS.get(key, f"--{key}")
-            where = "text (task lm)" if tasks == ("lm",) else f"--task {', '.join(tasks)}"
+            where = "text (task lm)" if kind == "lm" else f"--task {', '.join(kinds[kind])}"
             raise UsageError(f"lab: {flag} applies to {where} only, not to task {task!r}")
     corpus = given.get("corpus")
     path = Path(str(corpus))
