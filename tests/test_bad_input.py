@@ -455,6 +455,7 @@ CLI_CASES = [
     (["bench", "--threads", "abc"], "abc"),
     (["bench", "--quick", "--json", "{tmp}/missing/x.json"], "missing"),
     (["extend", "{tmp}/missing"], "missing"),
+    (["audit", "{tmp}/missing"], "no such file or folder"),
 ]
 
 

@@ -20,10 +20,12 @@ from typing import Any
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "audit",
-        help="compare a checkpoint's positions in transformers, llama.cpp (GGUF) and vLLM",
+        help="compare a checkpoint's positions in transformers, llama.cpp, vLLM",
     )
-    p.add_argument("path", help="checkpoint folder (config.json) or a .gguf file")
-    p.add_argument("--gguf", help="the GGUF file of the checkpoint (default: the one beside it)")
+    p.add_argument("path", metavar="PATH", help="checkpoint folder (config.json) or a .gguf file")
+    p.add_argument(
+        "--gguf", metavar="FILE", help="the checkpoint's GGUF file (default: the one beside it)"
+    )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument(
         "--lengths",
