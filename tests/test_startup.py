@@ -54,7 +54,8 @@ def test_lazy_names_are_the_functions_and_posenc_hf_patch_defers_dynamo():
 @pytest.mark.parametrize(
     ("argv", "not_loaded"),
     [
-        (["--help"], (*HEAVY, "posenc.viz", "posenc.bench")),
+        (["--help"], (*HEAVY, "posenc.lab.runner", "posenc.viz", "posenc.bench")),
+        (["lab", "--help"], (*HEAVY, "posenc.lab.runner", "posenc.viz", "posenc.bench")),
         (["list", "--markdown"], (*HEAVY, "posenc.lab", "posenc.bench", "posenc.viz")),
         (["explain", "--help"], (*HEAVY, "posenc.lab", "posenc.bench", "posenc.viz")),
     ],
@@ -91,3 +92,18 @@ def test_a_first_kernel_build_says_so_in_one_line(tmp_path, monkeypatch, capfd, 
     err = capfd.readouterr().err
     assert re.fullmatch(r"posenc: compiling the CPU RoPE kernel into \S+ \.\.\. \d+ s\n", err)
     assert (tmp_path / f"{cpu_kernel.NAME}.so").exists() is not fails
+
+
+def test_the_labs_names_load_on_first_use():
+    loaded = _loaded(
+        "import posenc.lab as lab\n"
+        "assert 'posenc.lab.runner' not in __import__('sys').modules\n"
+        "from posenc.lab import LabConfig, run_lab\n"
+        "from posenc.lab.runner import run_lab as direct\n"
+        "assert run_lab is direct and LabConfig.__module__ == 'posenc.lab.config'\n"
+        "assert set(lab.__all__) <= set(dir(lab))\n"
+        "try:\n    lab.nothing\nexcept AttributeError as e:\n    assert 'nothing' in str(e)\n"
+        "else:\n    raise SystemExit('no AttributeError')",
+        "posenc.lab.runner",
+    )
+    assert loaded == {"posenc.lab.runner": True}
