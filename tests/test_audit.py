@@ -355,3 +355,55 @@ def test_a_window_without_its_pattern_is_read_as_full_with_a_note(tmp_path):
     reading = read_gguf(path, [0, 1], context=10)
     assert "sliding_window_pattern" in reading.note
     assert all(layer.sliding_window is None for layer in reading.layers)
+
+
+# ---------------------------------------------------------------- LongRoPE (Phi-3)
+
+_RNG = np.random.default_rng(0)
+PHI3_LONGROPE = {  # Phi-3-mini-128k's shape and lengths; the 48 factors are made up here
+    "model_type": "phi3",
+    "hidden_size": 3072,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "num_hidden_layers": 4,
+    "max_position_embeddings": 131072,
+    "original_max_position_embeddings": 4096,
+    "rope_theta": 10000.0,
+    "rope_scaling": {
+        "type": "longrope",
+        "long_factor": (1 + np.sort(_RNG.uniform(0, 30, 48))).round(4).tolist(),
+        "short_factor": (1 + np.sort(_RNG.uniform(0, 1, 48))).round(4).tolist(),
+    },
+}
+
+
+@pytest.mark.parametrize("context", [4096, 131072])
+def test_longrope_gguf_agrees_on_both_sides_of_the_original_length(context, tmp_path):
+    """Phi3MiniModel's factor tensors and attention factor, read by llama.cpp's
+    get_rope_factors, equal transformers' LongRoPE with the short and the long factors."""
+    path = write_gguf(tmp_path / "phi3.gguf", PHI3_LONGROPE)
+    pos = audit_positions(context)
+    readings = [
+        read_transformers(PHI3_LONGROPE, pos, context=context),
+        read_posenc(PHI3_LONGROPE, pos, context=context),
+        read_gguf(path, pos, context=context),
+    ]
+    assert compare(readings, [context]).agree
+    assert gguf_diff(PHI3_LONGROPE, gguf_rope(path)[1]) == []
+
+
+def test_longrope_factors_swapped_differ_past_the_original_length(tmp_path):
+    def swap(arch, kv, tensors):
+        long, short = tensors["rope_factors_long.weight"], tensors["rope_factors_short.weight"]
+        tensors["rope_factors_long.weight"], tensors["rope_factors_short.weight"] = short, long
+
+    path = write_gguf(tmp_path / "phi3.gguf", PHI3_LONGROPE, edit=swap)
+    pos = audit_positions(131072)
+    readings = [
+        read_transformers(PHI3_LONGROPE, pos, context=131072),
+        read_gguf(path, pos, context=131072),
+    ]
+    rows = {r.field: r for r in compare(readings, [131072]).rows}
+    assert rows["frequencies"].agree is False and rows["cos/sin factor"].agree
+    names = {k for k, _, _ in gguf_diff(PHI3_LONGROPE, gguf_rope(path)[1])}
+    assert names == {"rope_factors_long.weight", "rope_factors_short.weight"}

@@ -9,7 +9,9 @@
 padded to 4 -> ``rope.dimension_sections``); ``LlamaModel`` (``rope.dimension_count`` =
 head_dim; Llama 3's scaling as the ``rope_freqs`` factors of ``generate_extra_tensors``);
 ``StableLMModel`` / ``GPTNeoXModel`` / ``Phi2Model`` / ``Phi3MiniModel`` (partial rotary as
-``rope.dimension_count``); ``DeepseekV2Model`` (``rope.scaling.yarn_log_multiplier =
+``rope.dimension_count``; Phi-3's LongRoPE as the ``rope_factors_long`` / ``_short`` tensors,
+its original length and ``rope.scaling.attn_factor = sqrt(1 + ln s / ln L0)``, ``s`` the
+trained over the original length); ``DeepseekV2Model`` (``rope.scaling.yarn_log_multiplier =
 0.1 mscale_all_dim``). ``gguf_diff`` names every such field a GGUF holds differently.
 """
 
@@ -160,7 +162,23 @@ def converter_fields(config: Mapping[str, Any]) -> tuple[str, dict[str, Any], di
     tensors = {}
     if params.get("rope_type") == "llama3":
         tensors["rope_freqs.weight"] = llama3_factors(params, _head_dim(config))
+    if model_type == "phi3" and params.get("long_factor"):
+        kv.update(_phi3_longrope(config, params))
+        for kind in ("long", "short"):
+            tensors[f"rope_factors_{kind}.weight"] = np.asarray(
+                params[f"{kind}_factor"], dtype=np.float32
+            )
     return arch, kv, tensors
+
+
+def _phi3_longrope(config: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
+    """``Phi3MiniModel``: the original length and LongRoPE's attention factor."""
+    original = config.get("original_max_position_embeddings") or params.get(
+        "original_max_position_embeddings"
+    )
+    scale = config["max_position_embeddings"] / original
+    factor = math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1.0 else 1.0
+    return {"rope.scaling.original_context_length": original, "rope.scaling.attn_factor": factor}
 
 
 def _rotary(key: str) -> bool:
