@@ -11,9 +11,9 @@ import math
 import numpy as np
 import pytest
 
+from _audit_configs import CONFIGS, CONTEXT, DEEPSEEK_MSCALE, EPS32, POSITIONS, TOL
 from posenc.audit.hfread import read_transformers
 from posenc.audit.paper import read_paper
-from test_audit_vllm import CONFIGS, CONTEXT, DEEPSEEK_MSCALE, EPS32, POSITIONS, TOL
 
 
 @pytest.mark.parametrize(

@@ -16,101 +16,24 @@ import math
 import numpy as np
 import pytest
 
+from _audit_configs import (
+    BASE,
+    CONFIGS,
+    CONTEXT,
+    DEEPSEEK_MSCALE,
+    EPS32,
+    L0,
+    LONG,
+    MAX,
+    POSITIONS,
+    SHORT,
+    TOL,
+    D,
+)
 from posenc.audit.hfread import read_posenc, read_transformers
+from posenc.audit.paper import read_paper
 from posenc.audit.vllm import read_vllm, read_vllm_jobs, vllm_python
 from posenc.reference import rope as ref
-
-EPS32 = float(np.finfo(np.float32).eps)
-TOL = dict(rtol=16 * EPS32, atol=16 * EPS32)
-POSITIONS = np.array([0, 1, 7, 100, 511, 512, 1000, 2047])
-CONTEXT = 600  # past LongRoPE's original 512, inside every cache
-D, BASE, L0, MAX = 16, 10000.0, 512, 2048
-SHORT = [1.0, 1.1, 1.2, 1.3, 1.5, 2.0, 3.0, 4.0]
-LONG = [1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0]
-YARN = {"factor": 4.0, "original_max_position_embeddings": L0, "beta_fast": 32, "beta_slow": 1}
-DEEPSEEK_MSCALE = 0.707
-
-
-def _decoder(arch: str, model_type: str, **extra: object) -> dict:
-    return {
-        "architectures": [arch],
-        "model_type": model_type,
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "num_hidden_layers": 2,
-        "vocab_size": 128,
-        "max_position_embeddings": MAX,
-        "rms_norm_eps": 1e-5,
-        "rope_theta": BASE,
-        **extra,
-    }
-
-
-def _llama(rope_scaling: dict | None) -> dict:
-    return _decoder("LlamaForCausalLM", "llama", rope_scaling=rope_scaling)
-
-
-CONFIGS = {
-    "default": _llama(None),
-    "linear": _llama({"rope_type": "linear", "factor": 4.0}),
-    "dynamic": _llama({"rope_type": "dynamic", "factor": 4.0}),
-    "yarn": _llama({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": L0}),
-    "llama3": _llama(
-        {
-            "rope_type": "llama3",
-            "factor": 8.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": L0,
-        }
-    ),
-    "longrope": _decoder(
-        "Phi3ForCausalLM",
-        "phi3",
-        original_max_position_embeddings=L0,
-        rope_scaling={"type": "longrope", "short_factor": SHORT, "long_factor": LONG},
-    ),
-    "deepseek_yarn": _decoder(
-        "DeepseekV2ForCausalLM",
-        "deepseek_v2",
-        num_key_value_heads=4,
-        moe_intermediate_size=32,
-        kv_lora_rank=32,
-        q_lora_rank=None,
-        qk_rope_head_dim=D,
-        qk_nope_head_dim=D,
-        v_head_dim=D,
-        n_routed_experts=4,
-        n_shared_experts=1,
-        num_experts_per_tok=2,
-        first_k_dense_replace=1,
-        moe_layer_freq=1,
-        rope_scaling={
-            "type": "yarn",
-            **YARN,
-            "mscale": DEEPSEEK_MSCALE,
-            "mscale_all_dim": DEEPSEEK_MSCALE,
-        },
-    ),
-    "dual_chunk": _decoder(
-        "Qwen2ForCausalLM",
-        "qwen2",
-        dual_chunk_attention_config={
-            "chunk_size": 256,
-            "local_size": 32,
-            "original_max_position_embeddings": L0,
-        },
-    ),
-    "hunyuan_ntk_alpha": _decoder(
-        "HunYuanDenseV1ForCausalLM",
-        "hunyuan_v1_dense",
-        head_dim=D,
-        use_qk_norm=True,
-        rope_scaling={"type": "dynamic", "alpha": 1000.0, "factor": 1.0},
-    ),
-}
 
 
 def _rope(source: str, **kwargs: object) -> dict:
@@ -166,12 +89,34 @@ LLAMA4_VISION = _rope(
 )
 
 
+LLAMA31_8B = {  # Llama 3.1 8B's config.json (sizes and rope fields); vLLM builds it cut down
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "num_hidden_layers": 32,
+    "vocab_size": 128256,
+    "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "rope_scaling": {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    },
+}
+
+
 @pytest.fixture(scope="module")
 def vllm_readings():
     if vllm_python() is None:
         pytest.skip("vLLM's environment .venv-vllm is absent (bash scripts/setup_vllm.sh)")
-    names = list(CONFIGS) + list(ROPES)
-    jobs = [{"config": c} for c in CONFIGS.values()] + list(ROPES.values())
+    names = [*CONFIGS, *ROPES, "llama31_8b"]
+    jobs = [*({"config": c} for c in CONFIGS.values()), *ROPES.values(), {"config": LLAMA31_8B}]
     readings = dict(zip(names, read_vllm_jobs(jobs, POSITIONS, context=CONTEXT), strict=True))
     phi3 = [{"config": CONFIGS["longrope"]}, {"config": CONFIGS["longrope"], "max_model_len": MAX}]
     short = read_vllm_jobs(phi3, POSITIONS[:5], context=300)
@@ -223,6 +168,20 @@ def test_standard_rope_types_match_the_formula_and_posenc(vllm_readings, name):
             assert (mine.pairs, mine.rotary_dim) == (them.pairs, them.rotary_dim)
             np.testing.assert_allclose(mine.angles, them.angles, **TOL)
             np.testing.assert_allclose(mine.scale, them.scale, **TOL)
+
+
+@pytest.mark.slow
+def test_a_released_size_config_builds_cut_down_with_its_positions(vllm_readings):
+    """Llama 3.1 8B's config (32 GB of float32 weights) builds with its widths, vocabulary and
+    heads cut; all 32 layers keep the 128-dim head and the Llama 3.1 frequencies."""
+    reading = vllm_readings["llama31_8b"]
+    assert reading.ran, reading.note
+    paper = read_paper(LLAMA31_8B, POSITIONS, context=CONTEXT)
+    assert len(reading.layers) == len(paper.layers) == 32
+    for mine, theirs in zip(reading.layers, paper.layers, strict=True):
+        assert (mine.head_dim, mine.rotary_dim, mine.pairs) == (128, 128, "half")
+        np.testing.assert_allclose(mine.angles, theirs.angles, **TOL)
+        np.testing.assert_allclose(mine.scale, theirs.scale, **TOL)
 
 
 @pytest.mark.slow

@@ -200,6 +200,46 @@ def _pair_axes(rope: Any, head_size: int, pairs: str) -> list[int]:
     return axes
 
 
+#: sizes that do not reach positions, cut so that a released model builds in seconds with
+#: dummy weights (a Llama 3 8B in float32 would take 32 GB): widths, vocabulary, experts
+_SMALL = {
+    "vocab_size": 256,
+    "intermediate_size": 32,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 32,
+    "n_routed_experts": 4,
+    "num_experts": 4,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "n_group": 1,
+    "topk_group": 1,
+}
+
+
+def shrunk(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with the sizes of ``_SMALL`` cut (text config too) and two query heads.
+
+    The head width, the rotary fields, the layers and their types stay: the head dim is
+    written out (``head_dim``, unless an MLA config names its rope head) before
+    ``hidden_size`` becomes two heads wide.
+    """
+    out = dict(config)
+    if isinstance(out.get("text_config"), dict):
+        out["text_config"] = shrunk(out["text_config"])
+    for key, small in _SMALL.items():
+        if isinstance(out.get(key), int) and out[key] > small:
+            out[key] = small
+    heads, kv = out.get("num_attention_heads"), out.get("num_key_value_heads")
+    if isinstance(heads, int) and heads > 2 and isinstance(out.get("hidden_size"), int):
+        head_dim = out.get("head_dim") or out["hidden_size"] // heads
+        if "qk_rope_head_dim" not in out:
+            out["head_dim"] = head_dim
+        out["num_attention_heads"] = 2
+        out["num_key_value_heads"] = 2 if kv in (None, heads) else 1
+        out["hidden_size"] = 2 * head_dim
+    return out
+
+
 def _model_layers(config: dict[str, Any], max_model_len: int) -> tuple[list[tuple[Any, Any]], str]:
     """``(rotary module or None, attention facts)`` per decoder layer of vLLM's model.
 
@@ -216,7 +256,7 @@ def _model_layers(config: dict[str, Any], max_model_len: int) -> tuple[list[tupl
 
     with tempfile.TemporaryDirectory() as folder:
         with open(os.path.join(folder, "config.json"), "w") as f:
-            json.dump(config, f)
+            json.dump(shrunk(config), f)
         model_config = ModelConfig(
             model=folder, skip_tokenizer_init=True, dtype="float32", max_model_len=max_model_len
         )
