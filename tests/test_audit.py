@@ -407,3 +407,47 @@ def test_longrope_factors_swapped_differ_past_the_original_length(tmp_path):
     assert rows["frequencies"].agree is False and rows["cos/sin factor"].agree
     names = {k for k, _, _ in gguf_diff(PHI3_LONGROPE, gguf_rope(path)[1])}
     assert names == {"rope_factors_long.weight", "rope_factors_short.weight"}
+
+
+GEMMA3_4B = {  # google/gemma-3-4b-it's text position fields (v4 form), 12 of its 34 layers
+    "model_type": "gemma3_text",
+    "num_hidden_layers": 12,
+    "sliding_window_pattern": 6,
+    "sliding_window": 1024,
+    "head_dim": 256,
+    "hidden_size": 2560,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "max_position_embeddings": 131072,
+    "rope_theta": 1000000.0,
+    "rope_local_base_freq": 10000.0,
+    "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+}
+
+
+@pytest.mark.parametrize("freq_base_swa", [None, 5e4])
+def test_gemma3_sliding_layers_as_llamacpp_fixes_them(tmp_path, freq_base_swa):
+    """llama.cpp's Gemma 3 loader: every 6th layer full with the file's base and scaling,
+    the others base 10000 unscaled, whatever rope.freq_base_swa says; transformers agrees."""
+    keys = {
+        "block_count": 12,
+        "embedding_length": 2560,
+        "attention__head_count": 8,
+        "attention__key_length": 256,
+        "attention__sliding_window": 1024,
+        "rope__freq_base": 1e6,
+        "rope__scaling__factor": 8.0,
+    }
+    if freq_base_swa is not None:
+        keys["rope__freq_base_swa"] = freq_base_swa
+    path = _raw_gguf(tmp_path / "g3.gguf", "gemma3", **keys)
+    pos = audit_positions(2048)
+    readings = [
+        read_transformers(GEMMA3_4B, pos, context=2048),
+        read_posenc(GEMMA3_4B, pos, context=2048),
+        read_gguf(path, pos, context=2048),
+    ]
+    result = compare(readings, [2048])
+    assert result.agree, [(r.field, r.values, r.layers) for r in result.rows if not r.agree]
+    windows = [layer.sliding_window for layer in readings[2].layers]
+    assert windows == [1024] * 5 + [None] + [1024] * 5 + [None]

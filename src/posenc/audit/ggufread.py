@@ -61,6 +61,14 @@ def _tensor(reader: Any, name: str) -> np.ndarray | None:
     return None
 
 
+#: architectures whose loader fixes the sliding-window layers in code (src/llama-model.cpp,
+#: ``load_hparams``): (period, base, frequency scale) of the sliding layers, whatever the
+#: file says; ``None`` keeps the file's (or the full layers') value
+_FIXED_SWA = {"gemma3": (6, 10000.0, 1.0)}
+#: architectures whose loader reads the period key with a default (gpt-oss: 2)
+_DEFAULT_SWA_PERIOD = {"gpt-oss": 2}
+
+
 def _swa_layers(pattern: Any, n_layer: int) -> tuple[bool, ...]:
     if pattern is None:
         return ()
@@ -130,6 +138,10 @@ def gguf_rope(path: str | Path) -> tuple[LlamaCppRope, dict[str, Any]]:
     window = get("attention.sliding_window")
     swa_base = get("rope.freq_base_swa")
     swa_dims = get("rope.dimension_count_swa")
+    pattern = get("attention.sliding_window_pattern", _DEFAULT_SWA_PERIOD.get(arch))
+    swa_scale = None
+    if arch in _FIXED_SWA and window:
+        pattern, swa_base, swa_scale = _FIXED_SWA[arch]
     rope = LlamaCppRope(
         architecture=arch,
         n_layer=n_layer,
@@ -148,8 +160,9 @@ def gguf_rope(path: str | Path) -> tuple[LlamaCppRope, dict[str, Any]]:
         yarn_log_mul=_log_mul(arch, get),
         sections=tuple(int(x) for x in get("rope.dimension_sections", [])),
         sliding_window=None if window is None else int(window),
-        swa_layers=_swa_layers(get("attention.sliding_window_pattern"), n_layer) if window else (),
+        swa_layers=_swa_layers(pattern, n_layer) if window else (),
         freq_base_swa=None if swa_base is None else float(swa_base),
+        freq_scale_swa=swa_scale,
         n_rot_swa=None if swa_dims is None else int(swa_dims),
         alibi_max_bias=get("attention.max_alibi_bias"),
         **tensors,

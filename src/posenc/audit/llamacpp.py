@@ -15,7 +15,9 @@ Every rule here is read from llama.cpp's repository (ggml-org/llama.cpp), file b
   ``rope.scaling.original_context_length`` (default ``context_length``),
   ``rope.scaling.attn_factor`` (default 1), ``rope.dimension_count`` (default the key
   length, itself ``embedding_length / head_count`` unless ``attention.key_length``); the
-  sliding-window layers take the same scaling and ``rope.freq_base_swa`` when written;
+  sliding-window layers take the same scaling and ``rope.freq_base_swa`` when written,
+  except where an architecture's loader fixes them (Gemma 3: every 6th layer full, the
+  others base 10000 and no scaling, whatever the file says);
 * ``src/llama-context.cpp`` (context set-up): a ``"none"`` scaling forces
   ``freq_scale = 1``; ``yarn_ext_factor`` unset (negative) is 1 for YaRN, else 0; with an
   extrapolation factor the attention factor is set to ``get_mscale(factor, mscale) /
@@ -125,6 +127,7 @@ class LlamaCppRope:
     sliding_window: int | None = None
     swa_layers: tuple[bool, ...] = ()
     freq_base_swa: float | None = None
+    freq_scale_swa: float | None = None
     n_rot_swa: int | None = None
     alibi_max_bias: float | None = None
 
@@ -216,6 +219,8 @@ def layer_positions(
     base = rope.freq_base_swa if swa and rope.freq_base_swa else rope.freq_base
     n_rot = rope.n_rot_swa if swa and rope.n_rot_swa else rope.n_rot
     freq_scale = _freq_scale(rope)
+    if swa and rope.freq_scale_swa is not None:
+        freq_scale = rope.freq_scale_swa
     ext = _ext_factor(rope)
     j = np.arange(n_rot // 2, dtype=np.float64)
     extrap = base ** (-2.0 * j / n_rot) / _factors(rope, context, n_rot // 2)  # [R/2]
