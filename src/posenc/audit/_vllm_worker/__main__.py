@@ -43,6 +43,7 @@ def _reading(job: dict[str, Any], positions: list[int], context: int) -> dict[st
     rotary_embedding._ROPE_DICT.clear()  # get_rope's cache outlives a job; a server's does not
     fields: dict[str, Any] = {"vllm.version": vllm.__version__}
     notes: list[str] = []
+    by_layer: dict[str, list[int]] = {}  # a probe's note and the layers it holds for
     layers = []
     if "config" in job:
         max_model_len = int(job.get("max_model_len", context))
@@ -72,7 +73,8 @@ def _reading(job: dict[str, Any], positions: list[int], context: int) -> dict[st
             layer = unrotated(int(head_size), len(positions))
         else:
             layer, layer_notes = probe(rope, positions)
-            notes += [f"layer {i}: {n}" for n in layer_notes]
+            for text in layer_notes:
+                by_layer.setdefault(text, []).append(i)
             fields.setdefault("vllm.rotary_class", type(rope).__name__)
         if attn:
             scale = attn.get("softmax_scale")
@@ -80,7 +82,8 @@ def _reading(job: dict[str, Any], positions: list[int], context: int) -> dict[st
                 layer["softmax_scale"] = scale
             layer["sliding_window"] = attn.get("sliding_window")
         layers.append(layer)
-    note = "; ".join(dict.fromkeys(notes)) or None
+    notes += [f"{_layers(ids, len(built))}: {text}" for text, ids in by_layer.items()]
+    note = "; ".join(notes) or None
     return dict(
         runtime="vllm",
         positions=positions,
@@ -89,6 +92,13 @@ def _reading(job: dict[str, Any], positions: list[int], context: int) -> dict[st
         fields=fields,
         note=note,
     )
+
+
+def _layers(ids: list[int], count: int) -> str:
+    """``layers 0-31`` when a note holds for every layer, else the layers named."""
+    if len(ids) == count > 1:
+        return f"layers 0-{count - 1}"
+    return ("layer " if len(ids) == 1 else "layers ") + ", ".join(map(str, ids))
 
 
 def _failed(positions: list[int], context: int, err: BaseException) -> dict[str, Any]:
