@@ -7,6 +7,7 @@ The lab's figures are drawn from a synthetic ``results.json`` (two seeds, or one
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import matplotlib
@@ -23,9 +24,21 @@ matplotlib.use("Agg")
 LENS = [32, 64, 128]
 LABELS = [
     "nope", "sinusoidal", "learned", "learned +interpolate", "rope", "rope +linear",
-    "rope +ntk", "rope +dynamic", "rope +dynamic +decoded", "rope +yarn", "rope +yarn +hf",
-    "rope +ft", "rope +linear +ft", "alibi", "t5",
+    "rope +ntk", "rope +ntk +hf", "rope +dynamic", "rope +dynamic +decoded", "rope +yarn",
+    "rope +yarn +hf", "rope +ft", "rope +linear +ft", "alibi", "t5", "fox", "stick_breaking",
 ]  # fmt: skip
+#: The rows each panel of the lab's figures holds, by the panel's title (written out here,
+#: not derived from ``posenc.palette.panel``).
+FAMILIES = {
+    "absolute positions and NoPE": {"nope", "sinusoidal", "learned", "learned +interpolate"},
+    "RoPE and its training-free scalings": {
+        "rope", "rope +linear", "rope +ntk", "rope +ntk +hf", "rope +dynamic",
+        "rope +dynamic +decoded", "rope +yarn", "rope +yarn +hf",
+    },
+    "attention biases": {"alibi", "t5"},
+    "fine-tuned at a longer length (+ft)": {"rope +ft", "rope +linear +ft"},
+    "data-dependent and other positions": {"fox", "stick_breaking"},
+}  # fmt: skip
 BINS = 8
 
 
@@ -73,15 +86,30 @@ def lab_figures(monkeypatch, tmp_path):
     return draw
 
 
-def _rows(ax) -> dict[str, tuple[str, str]]:
-    """Legend entry -> (colour, marker) of its data line."""
+def _rows(ax, *, lines: bool = False) -> dict[str, tuple[str, ...]]:
+    """Legend entry -> (colour, marker) of its data line; with ``lines`` also its line
+    style, dash pattern and marker fill."""
     handles, labels = ax.get_legend_handles_labels()
     out = {}
     for handle, label in zip(handles, labels, strict=True):
         line = handle.lines[0] if hasattr(handle, "lines") else handle
         if isinstance(line, matplotlib.lines.Line2D):  # not a shaded band
-            out[label] = (matplotlib.colors.to_hex(line.get_color()), line.get_marker())
+            look = (matplotlib.colors.to_hex(line.get_color()), line.get_marker())
+            if lines:
+                dashes = str(line._unscaled_dash_pattern)  # a dash tuple's style reads "--"
+                look += (line.get_linestyle(), dashes, line.get_fillstyle())
+            out[label] = look
     return out
+
+
+def _all_rows(fig) -> dict[str, tuple[str, ...]]:
+    """Legend entry -> (colour, marker) over every panel of ``fig``."""
+    return {label: look for ax in fig.axes for label, look in _rows(ax).items()}
+
+
+def _row_name(entry: str) -> str:
+    """The row label of a legend entry (``learned (n/a at 128)`` -> ``learned``)."""
+    return entry.split(" (n/a")[0].split(":")[0]
 
 
 def _texts_inside(fig, *, tight: bool) -> None:
@@ -116,22 +144,67 @@ def test_palette_colours_are_not_pale_and_rows_are_distinct():
     assert all(contrast(s.color) >= MIN_CONTRAST for s in looks)
     many = styles([*LABELS, "rope +yarn +hf +ft", "rope +ft +yarn +hf"])  # may collide
     assert len({(s.color, s.marker) for s in many.values()}) == len(many)
+    for scaling in ("ntk", "yarn", "dynamic"):  # a runtime's reading: another line, hollow
+        plain = style(f"rope +{scaling}")
+        other = style(f"rope +{scaling} +{'decoded' if scaling == 'dynamic' else 'hf'}")
+        assert plain.linestyle != other.linestyle and (plain.fill, other.fill) == ("full", "none")
 
 
 def test_lab_length_figure_compares(lab_figures):
     fig = lab_figures(_results())["perplexity.png"]
-    ax = fig.axes[0]
-    rows = _rows(ax)
-    assert len(rows) == len(LABELS) and len(set(rows.values())) == len(LABELS)
+    rows = _all_rows(fig)
+    assert len(rows) == len(LABELS)
     assert all(contrast(color) >= MIN_CONTRAST for color, _ in rows.values())
     assert "learned (n/a at 128)" in rows  # said in the legend ...
-    assert not any("n/a" in t.get_text() for t in ax.texts)  # ... not in the data area
-    assert "perplexity" in ax.get_ylabel() and "length" in ax.get_xlabel()
-    low, high = _data_range(ax)
-    ticks = [t for t in ax.get_yticks() if ax.get_ylim()[0] <= t <= ax.get_ylim()[1]]
-    assert min(ticks) <= low and max(ticks) >= high, (ticks, low, high)
-    assert "95% interval over 2 seeds" in ax.get_title()
+    for ax in fig.axes:
+        assert not any("n/a" in t.get_text() for t in ax.texts)  # ... not in the data area
+        assert "perplexity" in ax.get_ylabel() and "length" in ax.get_xlabel()
+        low, high = _data_range(ax)
+        ticks = [t for t in ax.get_yticks() if ax.get_ylim()[0] <= t <= ax.get_ylim()[1]]
+        assert min(ticks) <= low and max(ticks) >= high, (ticks, low, high)
+    assert "95% interval over 2 seeds" in fig.get_suptitle()
     _texts_inside(fig, tight=True)
+
+
+@pytest.mark.parametrize("name", ["perplexity.png", "position.png"])
+def test_lab_panels_hold_one_family_each_and_cover_every_row(lab_figures, name):
+    fig = lab_figures(_results())[name]
+    drawn = set()
+    for ax in fig.axes:
+        rows = {_row_name(entry) for entry in _rows(ax)}
+        assert rows <= FAMILIES[ax.get_title()], (ax.get_title(), rows)
+        looks = _rows(ax, lines=True)  # no two series of a panel look alike
+        assert len(set(looks.values())) == len(looks), (ax.get_title(), looks)
+        drawn |= rows
+    expected = set(LABELS) - ({"learned"} if name == "position.png" else set())
+    assert drawn == expected  # learned has no value at the longest length
+    titles = [ax.get_title() for ax in fig.axes]
+    assert titles == [t for t in FAMILIES if t in titles]  # panels in one fixed order
+
+
+def test_lab_panels_share_a_y_axis_where_the_scale_allows(lab_figures):
+    figures = lab_figures(_results())
+    for name in ("perplexity.png", "position.png"):
+        limits = {ax.get_ylim() for ax in figures[name].axes}
+        assert len(limits) == 1, (name, limits)
+    results = _results()
+    for run in results["runs"]:  # one row a hundred times the others: each its own axis
+        for cell in run["rows"][LABELS.index("fox")]["results"].values():
+            cell["ppl"] *= 100
+    axes = lab_figures(results)["perplexity.png"].axes
+    assert len({ax.get_ylim() for ax in axes}) == len(axes)
+
+
+def test_lab_intervals_sit_apart_at_one_length(lab_figures):
+    """In a panel, the rows with a point at one length sit at distinct x, at least 0.04
+    log2 units apart; a row alone at a length sits on it (rope at the training length)."""
+    fig = lab_figures(_results())["perplexity.png"]
+    ax = next(a for a in fig.axes if a.get_title().startswith("RoPE"))
+    xs = [x for c in ax.containers for x in c.lines[0].get_xdata()]
+    for n in LENS:
+        near = sorted(math.log2(x) for x in xs if abs(math.log2(x / n)) < 0.5)
+        assert all(b - a >= 0.04 for a, b in itertools.pairwise(near)), (n, near)
+    assert [x for x in xs if abs(math.log2(x / LENS[0])) < 0.5] == [LENS[0]]
 
 
 def test_lab_length_figure_draws_seeds_and_names_unlearned_runs(lab_figures):
@@ -143,26 +216,28 @@ def test_lab_length_figure_draws_seeds_and_names_unlearned_runs(lab_figures):
                 cell["accuracy"] = min(1.0, cell["ppl"] / 60)
     failed = {"encoding": "t5", "seed": 1, "status": "ok", "learned": False, "rows": []}
     results["runs"].append(failed)
-    ax = lab_figures(results)["accuracy.png"].axes[0]
-    rows = _rows(ax)
+    axes = lab_figures(results)["accuracy.png"].axes
+    biases = next(ax for ax in axes if ax.get_title() == "attention biases")
+    rows = _rows(biases)
     assert "t5: not learned (seed 1)" in rows and len(set(rows.values())) == len(rows)
-    points = [line for line in ax.get_lines() if line.get_markersize() < 4]  # seeds' values
-    assert points and all(len(line.get_ydata()) == 2 for line in points)
-    derived = [c for c in ax.containers if c.get_label().startswith("rope +linear")]
+    points = [line for ax in axes for line in ax.get_lines() if line.get_markersize() < 4]
+    assert points and all(len(line.get_ydata()) == 2 for line in points)  # seeds' values
+    derived = [c for ax in axes for c in ax.containers if c.get_label() == "rope +linear"]
+    assert derived
     for container in derived:  # a scaling starts past the training length
         assert min(container.lines[0].get_xdata()) > results["config"]["train_len"]
 
 
 def test_lab_position_figure_compares(lab_figures):
     fig = lab_figures(_results())["position.png"]
-    ax = fig.axes[0]
-    rows = _rows(ax)
-    assert len(set(rows.values())) == len(rows) == len(LABELS) - 1  # learned: no value
-    title = ax.get_title()
-    assert "perplexity" in title and "loss" not in title and "perplexity" in ax.get_ylabel()
-    low, high = _data_range(ax)
-    ticks = [t for t in ax.get_yticks() if ax.get_ylim()[0] <= t <= ax.get_ylim()[1]]
-    assert min(ticks) <= low and max(ticks) >= high, (ticks, low, high)
+    assert len(_all_rows(fig)) == len(LABELS) - 1  # learned: no value
+    title = fig.get_suptitle()
+    assert "perplexity" in title and "loss" not in title
+    for ax in fig.axes:
+        assert "perplexity" in ax.get_ylabel()
+        low, high = _data_range(ax)
+        ticks = [t for t in ax.get_yticks() if ax.get_ylim()[0] <= t <= ax.get_ylim()[1]]
+        assert min(ticks) <= low and max(ticks) >= high, (ticks, low, high)
     _texts_inside(fig, tight=True)
 
 
@@ -193,9 +268,9 @@ def test_lab_learning_figure_compares(monkeypatch, tmp_path):
 
 def test_one_seed_claims_no_interval(lab_figures):
     figures = lab_figures(_results(seeds=1))
-    title = figures["perplexity.png"].axes[0].get_title()
+    title = figures["perplexity.png"].get_suptitle()
     assert "one seed, no interval" in title and "95" not in title
-    assert "one seed" in figures["position.png"].axes[0].get_title()
+    assert "one seed" in figures["position.png"].get_suptitle()
 
 
 # ----------------------------------------------------------------------------- gallery

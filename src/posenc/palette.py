@@ -6,10 +6,15 @@ encoding with ``style(label)``. Rows derived from an encoding (``"rope +yarn"``,
 variant and a line style by kind: solid for a trained model, dashed for a scaling
 applied at evaluation time, dotted for an interpolated table, dash-dot for a fine-tune.
 Every further modifier (``+ft``, ``+decoded``, ``+hf``) darkens the colour one step and
-moves the marker along ``MARKERS``, so ``rope +ft`` never looks like ``rope``; ``styles``
-resolves what a figure's rows would still share. Every colour keeps a contrast of at
-least ``MIN_CONTRAST`` against a white background (WCAG 2.1's 3:1 for graphics): no
-pale line vanishes.
+moves the marker along ``MARKERS`` and, on a scaling, draws a dash-dot-dot line with a
+hollow marker, so ``rope +ft`` never looks like ``rope`` nor ``rope +ntk +hf`` like
+``rope +ntk``; ``styles`` resolves what a figure's rows would still share. Every colour
+keeps a contrast of at least ``MIN_CONTRAST`` against a white background (WCAG 2.1's 3:1
+for graphics): no pale line vanishes.
+
+``panel(label)`` names the family a row is drawn with in the lab's figures (``PANELS``):
+absolute positions, RoPE and its scalings, attention biases, fine-tuned rows, and
+data-dependent or other encodings (an unknown name goes to the last).
 """
 
 from __future__ import annotations
@@ -22,9 +27,11 @@ __all__ = [
     "ENCODING_STYLES",
     "MARKERS",
     "MIN_CONTRAST",
+    "PANELS",
     "VARIANT_STYLES",
     "Style",
     "contrast",
+    "panel",
     "style",
     "styles",
 ]
@@ -63,6 +70,23 @@ MIN_CONTRAST = 3.0
 _FALLBACK = ("#843c39", "#7b4173", "#5f7a1f", "#8a6d00", "#ad494a", "#2166ac")
 _FALLBACK_MARKERS = ("o", "s", "^", "v", "D", "P")
 _LINES = {"trained": "-", "scaling": "--", "interpolate": ":", "finetune": "-."}
+_FURTHER_LINE = (0, (5, 1.5, 1, 1.5, 1, 1.5))  # dash-dot-dot: a scaling as a runtime reads it
+_ROTARY = "rope xpos p_rope fope axial_rope comrope liere mla_rope mrope video_rope temperature"
+#: ``panel: (title, encodings)`` in the order the lab's figures draw them; fine-tuned rows
+#: (``+ft``) go to ``"finetuned"`` whatever their encoding, unknown names to ``"other"``.
+PANELS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "absolute": ("absolute positions and NoPE", ("nope", "sinusoidal", "learned")),
+    "rope": ("RoPE and its training-free scalings", tuple(_ROTARY.split())),
+    "bias": (
+        "attention biases",
+        ("alibi", "t5", "shaw", "kerple", "sandwich", "fire", "cope", "disentangled"),
+    ),
+    "finetuned": ("fine-tuned at a longer length (+ft)", ()),
+    "other": (
+        "data-dependent and other positions",
+        ("fox", "stick_breaking", "path", "dape", "dual_chunk"),
+    ),
+}
 
 
 def contrast(color: str) -> float:
@@ -90,7 +114,17 @@ class Style:
 
     color: str
     marker: str
-    linestyle: str
+    linestyle: str | tuple
+    fill: str = "full"  # matplotlib's fillstyle: "none" draws the marker hollow
+
+
+def panel(label: str) -> str:
+    """The key of ``PANELS`` that draws the row ``"<encoding> [+<variant>] [+ft]"``."""
+    parts = label.split()
+    if "+ft" in parts[1:]:
+        return "finetuned"
+    name = parts[0] if parts else label
+    return next((key for key, (_, names) in PANELS.items() if name in names), "other")
 
 
 def style(label: str) -> Style:
@@ -120,9 +154,12 @@ def style(label: str) -> Style:
         kind = "scaling"
     else:
         kind = "trained"
+    line, fill = _LINES[kind], "full"
     if further:
         color, marker = _darker(color, further), _shifted(marker, further)
-    return Style(color, marker, _LINES[kind])
+        if kind == "scaling":
+            line, fill = _FURTHER_LINE, "none"
+    return Style(color, marker, line, fill)
 
 
 def styles(labels: Iterable[str]) -> dict[str, Style]:

@@ -19,14 +19,14 @@ import io
 import math
 from pathlib import Path
 
-from posenc.lab import stats
+from posenc.lab import panels, stats
 from posenc.lab.curves import LEARNING, curves, draw_learning
 from posenc.lab.results import write_bytes
 from posenc.palette import style, styles
 
 __all__ = ["draw_all", "figure_names"]
 
-_DODGE = 0.012  # log2 units between neighbouring rows at one length
+_DODGE = 0.05  # log2 units between neighbouring rows of a panel at one length
 _DERIVED = ("scaling", "interpolate")  # rows evaluated from a trained model, not trained
 
 
@@ -70,13 +70,13 @@ def _save(fig, path: Path) -> Path:
 
 def _log_ticks(ax, low: float, high: float) -> None:
     """Readable ticks on a log perplexity axis that cover the data: the axis runs from the
-    last tick at or below ``low`` to the first at or above ``high``; 1-1.5-2-3-5-7 steps
+    last tick at or below ``low`` to the first at or above ``high``; 1-1.5-2-3-4-5-7 steps
     per decade across a wide range, evenly spaced round numbers across a narrow one."""
     from matplotlib.ticker import FixedLocator, MaxNLocator, NullLocator
 
     if high / low > 4:
         first, last = math.floor(math.log10(low)), math.ceil(math.log10(high))
-        steps = (1, 1.5, 2, 3, 5, 7)
+        steps = (1, 1.5, 2, 3, 4, 5, 7)
         ticks = [s * 10**d for d in range(first, last + 1) for s in steps]
     else:
         ticks = [t for t in MaxNLocator(nbins=5).tick_values(low, high) if t > 0]
@@ -98,63 +98,109 @@ def _interval_words(results: dict) -> str:
     return f"mean and 95% interval over {seeds} seeds"
 
 
-def _length_figure(results: dict, out: Path, plt) -> Path:
-    config, metric = results["config"], results["metric"]
-    lens = config["eval_lens"]
-    table = stats.rows(results)
-    fig, ax = plt.subplots(figsize=(8.5, 5), dpi=120)
-    looks = styles(row.label for row in table)
-    means = []
-    for index, row in enumerate(table):
-        look = looks[row.label]
-        shift = 2 ** (_DODGE * (index - (len(table) - 1) / 2))
-        xs, ys, errs, missing = [], [], [], []
-        for n in lens:
-            if row.kind in _DERIVED and n <= config["train_len"]:
-                continue  # equal to its model there: drawn once, by the model's row
-            cell = row.cells[str(n)]
-            if cell.mean is None:
-                missing.append(str(n))
-                continue
-            xs.append(n * shift)
-            ys.append(cell.mean)
-            errs.append(cell.half_width or 0.0)
-            seeds = cell.present
-            if len(seeds) > 1:  # each seed's value, small and unlabelled, under the mean
-                ax.plot([n * shift] * len(seeds), seeds, linestyle="none", marker=look.marker,
-                        markersize=2.5, color=look.color, alpha=0.6)  # fmt: skip
-                means += [v for v in seeds if v > 0]
-        means += [y - e for y, e in zip(ys, errs, strict=True) if y - e > 0]
-        means += [y + e for y, e in zip(ys, errs, strict=True)]
-        label = row.label + (f" (n/a at {', '.join(missing)})" if missing else "")
-        ax.errorbar(xs, ys, yerr=errs, color=look.color, marker=look.marker,
-                    linestyle=look.linestyle, markersize=4, capsize=2, linewidth=1.2,
-                    label=label)  # fmt: skip
-    unlearned: dict[str, list[str]] = {}  # runs that never learned their task have no row
+def _unlearned(results: dict) -> dict[str, list[str]]:
+    """``{encoding: [seeds]}`` of the runs that never learned their task (no row)."""
+    out: dict[str, list[str]] = {}
     for run in results["runs"]:
         if run["status"] == "ok" and run.get("learned") is False:
-            unlearned.setdefault(run["encoding"], []).append(str(run["seed"]))
-    for name, seeds in unlearned.items():  # named in the legend, drawn nowhere
-        label = f"{name}: not learned (seed {', '.join(seeds)})"
-        ax.plot([], [], color=style(name).color, marker="x", linestyle="none", label=label)
+            out.setdefault(run["encoding"], []).append(str(run["seed"]))
+    return out
+
+
+def _drawn_at(row, n: int, config: dict) -> bool:
+    """Whether ``row`` has a point at length ``n`` (a derived row equals its model up to
+    the training length: drawn once there, by the model's row)."""
+    derived = row.kind in _DERIVED and n <= config["train_len"]
+    return not derived and row.cells[str(n)].mean is not None
+
+
+def _shifts(rows: list, config: dict) -> dict[str, dict[int, float]]:
+    """``{label: {length: factor}}``: the rows with a point at one length spread evenly
+    about it, ``_DODGE`` log2 units apart (one row alone stays on the length)."""
+    out: dict[str, dict[int, float]] = {row.label: {} for row in rows}
+    for n in config["eval_lens"]:
+        there = [row.label for row in rows if _drawn_at(row, n, config)]
+        for index, label in enumerate(there):
+            out[label][n] = 2 ** (_DODGE * (index - (len(there) - 1) / 2))
+    return out
+
+
+def _draw_row(ax, row, look, shifts: dict[int, float], config: dict) -> list[float]:
+    """One row's means with their intervals (and each seed's value, small, under the
+    mean) at its ``shifts`` off each length; returns the y values the axis must show."""
+    xs, ys, errs, shown = [], [], [], []
+    missing = [str(n) for n in config["eval_lens"] if row.cells[str(n)].mean is None]
+    for n, shift in shifts.items():
+        cell = row.cells[str(n)]
+        xs.append(n * shift)
+        ys.append(cell.mean)
+        errs.append(cell.half_width or 0.0)
+        seeds = cell.present
+        if len(seeds) > 1:
+            ax.plot([n * shift] * len(seeds), seeds, linestyle="none", marker=look.marker,
+                    markersize=2.5, color=look.color, alpha=0.45)  # fmt: skip
+            shown += [v for v in seeds if v > 0]
+    shown += [y - e for y, e in zip(ys, errs, strict=True) if y - e > 0]
+    shown += [y + e for y, e in zip(ys, errs, strict=True)]
+    label = row.label + (f" (n/a at {', '.join(missing)})" if missing else "")
+    ax.errorbar(xs, ys, yerr=errs, color=look.color, marker=look.marker, fillstyle=look.fill,
+                markerfacecolor="white" if look.fill == "none" else look.color,
+                linestyle=look.linestyle, markersize=5, capsize=3, elinewidth=1,
+                linewidth=1.3, label=label)  # fmt: skip
+    return shown
+
+
+def _length_axes(ax, config: dict) -> None:
+    lens = config["eval_lens"]
     _mark_training_length(ax, config["train_len"])
     ax.set_xscale("log", base=2)
+    ax.set_xlim(min(lens) / 2**0.35, max(lens) * 2**0.35)
     ax.set_xticks(lens, [str(n) for n in lens])
     ax.minorticks_off()
-    if metric == "ppl":
-        ax.set_yscale("log")
-        if means:
-            _log_ticks(ax, min(means) / 1.03, max(means) * 1.03)
-        ax.set_ylabel("per-byte perplexity (log scale)")
-    else:
-        ax.set_ylim(-0.02, 1.02)
-        ax.set_ylabel("exact-match accuracy")
-    ax.set_xlabel("evaluation length (tokens)")
-    what = "held-out text" if config["task"] == "lm" else f"task {config['task']}"
-    ax.set_title(f"posenc lab: {what}, trained at {config['train_len']}; "
-                 f"{_interval_words(results)}", fontsize=9)  # fmt: skip
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    ax.set_xlabel("evaluation length (tokens, log2)", fontsize=8)
     ax.grid(True, which="major", alpha=0.3)
+
+
+def _y_axes(axes: list, shown: dict, *, shared: bool, label: str) -> None:
+    """Log ticks covering the data: one range for shared panels, each its own otherwise."""
+    everything = [v for values in shown.values() for v in values]
+    for ax in axes:
+        ax.set_yscale("log")
+        values = everything if shared else shown[ax]
+        if values:
+            _log_ticks(ax, min(values) / 1.03, max(values) * 1.03)
+        ax.set_ylabel(label, fontsize=8)
+
+
+def _length_figure(results: dict, out: Path, plt) -> Path:
+    config, metric = results["config"], results["metric"]
+    table = {row.label: row for row in stats.rows(results)}
+    unlearned = _unlearned(results)
+    groups = panels.by_panel([*table, *unlearned])
+    shown: dict = {}
+    values = [c.mean for r in table.values() for c in r.cells.values() if c.mean]
+    shared = metric != "ppl" or not values or panels.shares(min(values), max(values), log=True)
+    fig, axes = panels.grid(plt, list(groups), sharey=shared)
+    for key, labels in groups.items():
+        ax, rows = axes[key], [table[label] for label in labels if label in table]
+        looks, shifts = styles(row.label for row in rows), _shifts(rows, config)
+        shown[ax] = []
+        for row in rows:
+            shown[ax] += _draw_row(ax, row, looks[row.label], shifts[row.label], config)
+        for name in (label for label in labels if label in unlearned):  # legend only
+            label = f"{name}: not learned (seed {', '.join(unlearned[name])})"
+            ax.plot([], [], color=style(name).color, marker="x", linestyle="none", label=label)
+        _length_axes(ax, config)
+        panels.label_panel(ax, key)
+    if metric == "ppl":
+        _y_axes(list(axes.values()), shown, shared=shared, label="per-byte perplexity (log)")
+    else:
+        for ax in axes.values():
+            ax.set_ylim(-0.02, 1.02)
+            ax.set_ylabel("exact-match accuracy", fontsize=8)
+    what = "held-out text" if config["task"] == "lm" else f"task {config['task']}"
+    fig.suptitle(f"posenc lab: {what}, trained at {config['train_len']}; "
+                 f"{_interval_words(results)}", fontsize=10)  # fmt: skip
     path = _save(fig, out / figure_names(results)[0])
     plt.close(fig)
     return path
@@ -163,7 +209,7 @@ def _length_figure(results: dict, out: Path, plt) -> Path:
 def _mark_training_length(ax, train_len: int) -> None:
     ax.axvline(train_len, color="grey", linewidth=1)
     ax.annotate("training length", (train_len, 0.5), xycoords=("data", "axes fraction"),
-                rotation=90, va="center", ha="right", color="grey", fontsize=8)  # fmt: skip
+                rotation=90, va="center", ha="right", color="grey", fontsize=7)  # fmt: skip
 
 
 def _position_figure(results: dict, out: Path, plt) -> Path:
@@ -177,30 +223,33 @@ def _position_figure(results: dict, out: Path, plt) -> Path:
             losses = (row["results"].get(longest) or {}).get("position_loss")
             if losses:
                 curves.setdefault(row["label"], []).append(losses)
-    fig, ax = plt.subplots(figsize=(8.5, 5), dpi=120)
-    everything = []
-    looks = styles(curves)
-    for label, per_seed in curves.items():
-        look = looks[label]
-        bins = len(per_seed[0])
-        width = int(longest) / bins
-        mean = [sum(s[i] for s in per_seed) / len(per_seed) for i in range(bins)]
-        ppl = [math.exp(v) for v in mean]
-        everything += ppl
-        xs = [(i + 0.5) * width for i in range(bins)]
-        ax.plot(xs, ppl, color=look.color, linestyle=look.linestyle, marker=look.marker,
-                markevery=max(1, bins // 8), markersize=4, linewidth=1.2, label=label)  # fmt: skip
-    _mark_training_length(ax, config["train_len"])
-    ax.set_yscale("log")
-    _log_ticks(ax, min(everything) / 1.03, max(everything) * 1.03)
-    ax.set_xlabel(f"position inside windows of {longest} tokens")
-    ax.set_ylabel("per-byte perplexity (log scale)")
+    groups = panels.by_panel(curves)
+    means = {label: [math.exp(sum(v) / len(v)) for v in zip(*per_seed, strict=True)]
+             for label, per_seed in curves.items()}  # fmt: skip
+    values = [v for ppl in means.values() for v in ppl]
+    shared = panels.shares(min(values), max(values), log=True)
+    fig, axes = panels.grid(plt, list(groups), sharey=shared)
+    shown: dict = {}
+    for key, labels in groups.items():
+        ax, looks = axes[key], styles(labels)
+        shown[ax] = []
+        for label in labels:
+            look, ppl = looks[label], means[label]
+            width = int(longest) / len(ppl)
+            xs = [(i + 0.5) * width for i in range(len(ppl))]
+            ax.plot(xs, ppl, color=look.color, linestyle=look.linestyle, marker=look.marker,
+                    fillstyle=look.fill, markevery=max(1, len(ppl) // 8), markersize=4,
+                    linewidth=1.3, label=label)  # fmt: skip
+            shown[ax] += ppl
+        _mark_training_length(ax, config["train_len"])
+        ax.set_xlabel(f"position inside windows of {longest} tokens", fontsize=8)
+        ax.grid(True, which="major", alpha=0.3)
+        panels.label_panel(ax, key)
+    _y_axes(list(axes.values()), shown, shared=shared, label="per-byte perplexity (log)")
     seeds = len(results["seeds"])
     over = "one seed" if seeds < 2 else f"mean over {seeds} seeds"
-    ax.set_title(f"posenc lab: perplexity by position at length {longest}, trained at "
-                 f"{config['train_len']} ({over})", fontsize=9)  # fmt: skip
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    ax.grid(True, which="major", alpha=0.3)
+    fig.suptitle(f"posenc lab: perplexity by position at length {longest}, trained at "
+                 f"{config['train_len']} ({over})", fontsize=10)  # fmt: skip
     path = _save(fig, out / "position.png")
     plt.close(fig)
     return path
