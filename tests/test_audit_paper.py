@@ -43,23 +43,37 @@ def test_deepseek_softmax_scale_is_mla_with_mscale():
     assert math.isclose(paper.layers[0].softmax_scale, 32**-0.5 * mscale**2, rel_tol=EPS32)
 
 
-@pytest.mark.parametrize(
-    ("config", "note"),
-    [
-        ({"model_type": "qwen2_vl", "rope_scaling": {"mrope_section": [2, 3, 3]}}, "plain RoPE"),
-        (
-            {
-                **CONFIGS["default"],
-                "layer_types": ["full_attention", "sliding_attention"],
-                "rope_parameters": {
-                    "full_attention": {"rope_type": "default", "rope_theta": 1e6},
-                    "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
-                },
-            },
-            "per-layer-type",
-        ),
-    ],
-)
-def test_configs_without_a_formula_get_a_note(config, note):
+GEMMA3 = {  # five sliding layers at base 1e4, a full one at 1e6 with linear scaling 8
+    "architectures": ["Gemma3ForCausalLM"],
+    "model_type": "gemma3_text",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "num_hidden_layers": 6,
+    "vocab_size": 128,
+    "max_position_embeddings": 2048,
+    "sliding_window": 128,
+    "query_pre_attn_scalar": 16,
+    "rope_theta": 1e6,
+    "rope_local_base_freq": 1e4,
+    "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+    "layer_types": ["sliding_attention"] * 5 + ["full_attention"],
+}
+
+
+def test_per_layer_types_read_per_layer():
+    paper = read_paper(GEMMA3, POSITIONS, context=CONTEXT)
+    theirs = read_transformers(GEMMA3, POSITIONS, context=CONTEXT)
+    assert paper.ran, paper.note
+    for mine, them in zip(paper.layers, theirs.layers, strict=True):
+        assert mine.sliding_window == them.sliding_window
+        np.testing.assert_allclose(mine.angles, them.angles, **TOL)
+    assert not np.allclose(paper.layers[0].angles, paper.layers[5].angles)
+
+
+def test_a_scheme_gets_a_note():
+    config = {"model_type": "qwen2_vl", "rope_scaling": {"mrope_section": [2, 3, 3]}}
     paper = read_paper(config, POSITIONS, context=CONTEXT)
-    assert not paper.ran and note in paper.note
+    assert not paper.ran and "plain RoPE" in paper.note

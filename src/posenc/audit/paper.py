@@ -10,18 +10,19 @@ al. 2023), NTK-aware and dynamic NTK (bloc97 2023, emozilla 2023; NTK-alpha is N
 ratio), Llama 3.1's wavelength bands, LongRoPE's short/long factors and attention factor
 (Ding et al. 2024). Where two runtimes disagree, the one that differs from this column is the
 one that departs from the paper. A config posenc does not read as plain RoPE (M-RoPE and
-other schemes, per-layer-type parameters) gets a note instead of layers.
+other schemes) gets a note instead of layers.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from posenc.audit.reading import LayerPositions, Reading, no_rotation
+from posenc.audit.reading import Reading
 from posenc.reference import rope as ref
 
 __all__ = ["read_paper"]
@@ -81,32 +82,38 @@ def read_paper(
 ) -> Reading:
     """The paper's reading of ``config`` at ``positions`` (``[P]``) for ``context`` tokens.
 
-    Which layers rotate is posenc's plan (``posenc.hf.layer_plan``); every rotating layer
-    gets the formula's ``[P, R/2]`` angles and cos/sin factor.
+    posenc's plan reading (``posenc.audit.hfread.read_posenc``: which layers rotate, pair
+    layout, windows) with each rotating layer's angles and cos/sin factor from the formula of
+    that layer's rope parameters (per layer type where the config has types).
     """
-    from posenc.hf import layer_plan
-    from posenc.hf.config import parse_hf_rope_config
+    from posenc.audit.hfread import read_posenc
+    from posenc.hf.config import layer_types_of, parse_hf_rope_config
 
     pos = np.asarray(positions)
-    params = config.get("rope_parameters")
-    if isinstance(params, Mapping) and any(isinstance(v, Mapping) for v in params.values()):
-        return Reading(RUNTIME, pos, context, note="per-layer-type rope parameters: not read")
     try:
-        rope = parse_hf_rope_config(dict(config))
-        theta, factor = _frequencies(rope.scaling, rope.rotary_dim, rope.base, context)
-        plan = layer_plan(dict(config))
+        plan = read_posenc(config, pos, context=context)
+        types = layer_types_of(dict(config)) or [None] * len(plan.layers)
+        layers = []
+        for layer, kind in zip(plan.layers, types, strict=False):
+            if not layer.rotates:
+                layers.append(layer)
+                continue
+            rope = parse_hf_rope_config(dict(config), layer_type=kind)
+            if rope.rotary_dim != layer.rotary_dim:
+                raise ValueError(
+                    f"rotary_dim {rope.rotary_dim} where the plan has {layer.rotary_dim}"
+                )
+            theta, factor = _frequencies(rope.scaling, rope.rotary_dim, rope.base, context)
+            layers.append(
+                replace(
+                    layer,
+                    angles=pos.astype(np.float64)[:, None] * theta[None, :],
+                    scale=np.full(len(pos), factor),
+                    softmax_scale=_mla_softmax_scale(config, rope.scaling) or layer.softmax_scale,
+                )
+            )
     except ValueError as err:
         return Reading(RUNTIME, pos, context, note=f"not read as plain RoPE: {err}")
-    rotating = LayerPositions(
-        rotates=True,
-        head_dim=rope.head_dim,
-        rotary_dim=rope.rotary_dim,
-        pairs="adjacent" if rope.interleaved else "half",
-        angles=pos.astype(np.float64)[:, None] * theta[None, :],
-        scale=np.full(len(pos), factor),
-        softmax_scale=_mla_softmax_scale(config, rope.scaling),
-    )
-    layers = [rotating if _rotates(m) else no_rotation(rope.head_dim, len(pos)) for m in plan]
     return Reading(RUNTIME, pos, context, tuple(layers))
 
 
@@ -118,9 +125,3 @@ def _mla_softmax_scale(config: Mapping[str, Any], scaling: Any) -> float | None:
     width = config["qk_nope_head_dim"] + config["qk_rope_head_dim"]
     mscale = 1.0 + 0.1 * scaling.mscale_all_dim * math.log(scaling.factor)
     return width**-0.5 * mscale**2
-
-
-def _rotates(module: Any) -> bool:
-    from posenc.base import Site
-
-    return bool(module.sites & Site.QK)
