@@ -241,16 +241,18 @@ def test_lab_position_figure_compares(lab_figures):
     _texts_inside(fig, tight=True)
 
 
-def test_lab_learning_figure_compares(monkeypatch, tmp_path):
+@pytest.mark.parametrize("validation", [False, True])
+def test_lab_learning_figure_compares(monkeypatch, tmp_path, validation):
     import matplotlib.pyplot as plt
 
     from posenc.lab import curves
 
     results = _results()
     for run in results["runs"]:
-        run["train"] = {
-            "curve": [[s, 5.0 / (1 + s / 50) + 0.1 * run["seed"]] for s in range(0, 400, 20)]
-        }
+        curve = [[s, 5.0 / (1 + s / 50) + 0.1 * run["seed"]] for s in range(0, 400, 20)]
+        run["train"] = {"curve": curve}
+        if validation:
+            run["train"]["validation"] = {"curve": [[s, v + 0.2] for s, v in curve[1:]]}
     results["runs"] += [
         dict(run, encoding=name) for name in ("rope", "alibi") for run in results["runs"][:2]
     ]
@@ -258,11 +260,17 @@ def test_lab_learning_figure_compares(monkeypatch, tmp_path):
     close = plt.close
     monkeypatch.setattr(plt, "close", lambda fig: (closed.append(fig), close(fig)))
     curves.draw_learning(results, tmp_path, plt)
-    ax = closed[0].axes[0]
-    rows = _rows(ax)
+    rows = _all_rows(closed[0])
     assert len(rows) == 3 and len(set(rows.values())) == 3
     assert all(marker not in ("None", "", None) for _, marker in rows.values())
-    assert "loss" in ax.get_ylabel() and "step" in ax.get_xlabel()
+    titles = [ax.get_title() for ax in closed[0].axes]
+    assert sum(t.endswith(": validation") for t in titles) == (3 if validation else 0)
+    for ax in closed[0].axes:  # one family per panel
+        names = {entry.split(" (")[0] for entry in _rows(ax)}
+        family = FAMILIES[ax.get_title().removesuffix(": validation")]
+        assert names and names <= family, (ax.get_title(), names)
+        assert "loss" in ax.get_ylabel() and "step" in ax.get_xlabel()
+    assert len({ax.get_ylim() for ax in closed[0].axes}) == 1  # one y axis
     _texts_inside(closed[0], tight=True)
 
 

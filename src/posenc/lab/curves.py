@@ -2,13 +2,14 @@
 how much it was still falling when the budget ran out, and why each run stopped.
 
 Each run records its training loss at up to 50 steps (``posenc.lab.train``, the loss of
-that step's batch). ``learning.png`` draws the mean over seeds per encoding; the report
-states the budget and, per encoding, the *late slope*: the least-squares slope of the
-loss over the last third of the recorded steps, in nats per 100 steps, mean over seeds.
+that step's batch). ``learning.png`` draws the mean over seeds per encoding, one panel
+per family (``posenc.lab.panels``) on one y axis; the report states the budget and, per
+encoding, the *late slope*: the least-squares slope of the loss over the last third of
+the recorded steps, in nats per 100 steps, mean over seeds.
 A clearly negative slope means the run was still learning, so a ranking at the training
 length also measures how fast each encoding learns, not only where it ends. With a
-validation set (``--val-every``, ``--profile thorough``) the figure gets a second panel,
-the validation loss per encoding (mean over seeds at the steps every seed reached), and
+validation set (``--val-every``, ``--profile thorough``) each family's panel gets one
+beside it, the validation loss per encoding (mean over seeds at the steps every seed reached), and
 ``stop_sentence`` says per run whether it stopped at a plateau or at the budget.
 """
 
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from posenc.lab import panels
 from posenc.lab.results import write_bytes
 from posenc.palette import styles
 
@@ -120,34 +122,50 @@ def stop_sentence(results: dict) -> str | None:
     return sentence + f" Stopped (per run): {each}."
 
 
+def _draw_means(ax, each_curve: dict, names: list[str], looks: dict) -> None:
+    """The mean over seeds of each of ``names``' curves, at the steps every seed reached."""
+    for name in (n for n in names if n in each_curve):
+        each = each_curve[name]
+        length = min(len(c) for c in each)
+        steps = [s for s, _ in each[0][:length]]
+        mean = np.mean([[v for _, v in c[:length]] for c in each], axis=0)
+        look = looks[name]
+        ax.plot(steps, mean, color=look.color, marker=look.marker,
+                markevery=max(1, length // 8), markersize=4,
+                label=f"{name} ({len(each)} seed{'s' if len(each) > 1 else ''})")  # fmt: skip
+    ax.set_xlabel("step", fontsize=8)
+    ax.grid(alpha=0.3)
+
+
 def draw_learning(results: dict, out: Path, plt) -> Path | None:
-    """Draw ``learning.png`` (mean training loss over seeds per encoding; beside it the
-    validation loss when measured) into ``out``."""
+    """Draw ``learning.png`` into ``out``: the mean training loss over seeds per encoding
+    in one panel per family (``posenc.lab.panels``), and beside each the validation loss
+    when measured."""
     found = curves(results)
     if not found:
         return None
     held = curves(results, validation=True)
-    fig, axes = plt.subplots(1, 2 if held else 1, figsize=(12 if held else 7, 4.5), squeeze=False)
+    groups = panels.by_panel(found)
     looks = styles(found)  # a colour and a marker of its own per encoding
-    panels = [(found, "training loss (nats per token)", "Learning curves: mean over seeds")]
     if held:
-        panels.append(
-            (held, "validation loss (nats per token)", "Validation loss: mean over seeds")
-        )
-    for ax, (each_curve, ylabel, title) in zip(axes[0], panels, strict=True):
-        for name, each in each_curve.items():
-            length = min(len(c) for c in each)
-            steps = [s for s, _ in each[0][:length]]
-            mean = np.mean([[v for _, v in c[:length]] for c in each], axis=0)
-            look = looks[name]
-            ax.plot(steps, mean, color=look.color, marker=look.marker,
-                    markevery=max(1, length // 8), markersize=4,
-                    label=f"{name} ({len(each)} seeds)")  # fmt: skip
-        ax.set_xlabel("step")
-        ax.set_ylabel(ylabel)
-        ax.set_title(title)
-        ax.legend(fontsize=8)
-        ax.grid(alpha=0.3)
+        fig, grid = plt.subplots(len(groups), 2, figsize=(10, 3.6 * len(groups) + 0.4),
+                                 sharey=True, squeeze=False, layout="constrained")  # fmt: skip
+        cells = {key: list(line) for key, line in zip(groups, grid, strict=True)}
+    else:
+        fig, axes = panels.grid(plt, list(groups), sharey=True)
+        cells = {key: [ax] for key, ax in axes.items()}
+    for key, names in groups.items():
+        kinds = [
+            (found, "training loss (nats per token)"),
+            (held, "validation loss (nats per token)"),
+        ]
+        for ax, (each_curve, ylabel) in zip(cells[key], kinds, strict=False):
+            _draw_means(ax, each_curve, names, looks)
+            ax.set_ylabel(ylabel, fontsize=8)
+            panels.label_panel(ax, key)
+            if each_curve is held:
+                ax.set_title(f"{ax.get_title()}: validation", fontsize=9)
+    fig.suptitle("Learning curves: mean over seeds", fontsize=10)
     buffer = io.BytesIO()  # rendered in memory: a full disk is an OSError naming the file
     fig.savefig(buffer, format="png", bbox_inches="tight")
     plt.close(fig)
