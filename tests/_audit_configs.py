@@ -99,3 +99,22 @@ CONFIGS = {
         rope_scaling={"type": "dynamic", "alpha": 1000.0, "factor": 1.0},
     ),
 }
+
+GEMMA3 = {  # five sliding layers at base 1e4, a full one at 1e6 with linear scaling 8
+    "architectures": ["Gemma3ForCausalLM"],
+    "model_type": "gemma3_text",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "num_hidden_layers": 6,
+    "vocab_size": 128,
+    "max_position_embeddings": 2048,
+    "sliding_window": 128,
+    "query_pre_attn_scalar": 16,
+    "rope_theta": 1e6,
+    "rope_local_base_freq": 1e4,
+    "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+    "layer_types": ["sliding_attention"] * 5 + ["full_attention"],
+}

@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from _audit_configs import CONFIGS, CONTEXT, DEEPSEEK_MSCALE, EPS32, POSITIONS, TOL
+from _audit_configs import CONFIGS, CONTEXT, DEEPSEEK_MSCALE, EPS32, GEMMA3, POSITIONS, TOL
 from posenc.audit.hfread import read_transformers
 from posenc.audit.paper import read_paper
 
@@ -41,26 +41,6 @@ def test_deepseek_softmax_scale_is_mla_with_mscale():
     mscale = 1.0 + 0.1 * DEEPSEEK_MSCALE * math.log(4.0)
     assert paper.layers[0].pairs == "adjacent"
     assert math.isclose(paper.layers[0].softmax_scale, 32**-0.5 * mscale**2, rel_tol=EPS32)
-
-
-GEMMA3 = {  # five sliding layers at base 1e4, a full one at 1e6 with linear scaling 8
-    "architectures": ["Gemma3ForCausalLM"],
-    "model_type": "gemma3_text",
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "num_hidden_layers": 6,
-    "vocab_size": 128,
-    "max_position_embeddings": 2048,
-    "sliding_window": 128,
-    "query_pre_attn_scalar": 16,
-    "rope_theta": 1e6,
-    "rope_local_base_freq": 1e4,
-    "rope_scaling": {"rope_type": "linear", "factor": 8.0},
-    "layer_types": ["sliding_attention"] * 5 + ["full_attention"],
-}
 
 
 def test_per_layer_types_read_per_layer():

@@ -22,6 +22,7 @@ from _audit_configs import (
     CONTEXT,
     DEEPSEEK_MSCALE,
     EPS32,
+    GEMMA3,
     L0,
     LONG,
     MAX,
@@ -115,8 +116,13 @@ LLAMA31_8B = {  # Llama 3.1 8B's config.json (sizes and rope fields); vLLM build
 def vllm_readings():
     if vllm_python() is None:
         pytest.skip("vLLM's environment .venv-vllm is absent (bash scripts/setup_vllm.sh)")
-    names = [*CONFIGS, *ROPES, "llama31_8b"]
-    jobs = [*({"config": c} for c in CONFIGS.values()), *ROPES.values(), {"config": LLAMA31_8B}]
+    names = [*CONFIGS, *ROPES, "llama31_8b", "gemma3"]
+    jobs = [
+        *({"config": c} for c in CONFIGS.values()),
+        *ROPES.values(),
+        {"config": LLAMA31_8B},
+        {"config": GEMMA3},
+    ]
     readings = dict(zip(names, read_vllm_jobs(jobs, POSITIONS, context=CONTEXT), strict=True))
     phi3 = [{"config": CONFIGS["longrope"]}, {"config": CONFIGS["longrope"], "max_model_len": MAX}]
     short = read_vllm_jobs(phi3, POSITIONS[:5], context=300)
@@ -182,6 +188,20 @@ def test_a_released_size_config_builds_cut_down_with_its_positions(vllm_readings
         assert (mine.head_dim, mine.rotary_dim, mine.pairs) == (128, 128, "half")
         np.testing.assert_allclose(mine.angles, theirs.angles, **TOL)
         np.testing.assert_allclose(mine.scale, theirs.scale, **TOL)
+
+
+@pytest.mark.slow
+def test_per_layer_types_and_windows_match_transformers(vllm_readings):
+    """Gemma 3: vLLM's sliding layers at the local base with their window, the full layer at
+    the global base with linear scaling, layer by layer as transformers runs them."""
+    reading = vllm_readings["gemma3"]
+    theirs = read_transformers(GEMMA3, POSITIONS, context=CONTEXT)
+    assert reading.ran, reading.note
+    for mine, them in zip(reading.layers, theirs.layers, strict=True):
+        assert mine.sliding_window == them.sliding_window
+        np.testing.assert_allclose(mine.angles, them.angles, **TOL)
+        np.testing.assert_allclose(mine.scale, them.scale, **TOL)
+    assert [layer.sliding_window for layer in reading.layers] == [128] * 5 + [None]
 
 
 @pytest.mark.slow
