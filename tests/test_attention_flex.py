@@ -39,9 +39,11 @@ def _qkv(length: int = T, dtype: torch.dtype = torch.float32) -> list[torch.Tens
     return [torch.randn(1, H, length, D, generator=gen, dtype=dtype) for _ in range(3)]
 
 
-def _check_against_reference(position: posenc.PositionalEncoding, causal: bool) -> None:
-    q, k, v = _qkv()
-    pos = torch.arange(T)
+def _check_against_reference(
+    position: posenc.PositionalEncoding, causal: bool, length: int = T
+) -> None:
+    q, k, v = _qkv(length)
+    pos = torch.arange(length)
     masking = Masking(causal, pos, pos, aligned=True)
     with torch.no_grad():
         got = attend(q, k, v, position=position, masking=masking, backend="flex")
@@ -233,6 +235,26 @@ def test_no_recompilation_at_a_compiled_length(name):
         frames = sum(counters["frames"].values())
         for _ in range(2):  # a new score_mod closure each call, same kernel
             attend(q, k, v, position=position, masking=masking, backend="flex")
+    assert sum(counters["frames"].values()) == frames
+
+
+def test_lengths_share_a_bounded_set_of_buckets():
+    buckets = [flex.flex_bucket(t) for t in range(1, 8193)]
+    assert sorted(set(buckets)) == [128 << i for i in range(7)]  # 128 .. 8192
+    assert all(t <= b < max(2 * t, 129) for t, b in enumerate(buckets, 1))
+
+
+@pytest.mark.parametrize("name", ["alibi", "kerple", "shaw", "cope"])
+def test_a_new_length_in_a_compiled_bucket_compiles_nothing(name):
+    """T = 200 and T = 131 both run padded to 256 tokens: the second length reuses the
+    kernel (and CoPE's band step) and still equals the float64 eager reference."""
+    counters = torch._dynamo.utils.counters
+    position = _encoding(name)
+    with torch.no_grad():
+        _check_against_reference(position, causal=True)
+        frames = sum(counters["frames"].values())
+        position.float()
+        _check_against_reference(position, causal=True, length=131)
     assert sum(counters["frames"].values()) == frames
 
 

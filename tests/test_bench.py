@@ -258,7 +258,7 @@ def test_bias_targets_hold_each_encoding_to_its_limit():
     assert len(targets) == 2 * len(BIAS_LIMITS)
     median = targets["alibi: ÷ SDPA"]
     assert median.value == pytest.approx(stats["alibi"].median_ms / stats[CORE_BASELINE].median_ms)
-    assert median.limit == 1.3 and not median.met  # 2.27x
+    assert median.limit == 1.5 and not median.met  # 2.27x
     assert targets["fire: ÷ SDPA (max)"].met  # 30 / 12 = 2.5x <= 3x
 
 
