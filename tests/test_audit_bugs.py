@@ -90,7 +90,7 @@ BUGS = [
         "llama.cpp#17945: DeepSeek-V2's yarn_log_multiplier missing",
         DEEPSEEK_V2_LITE,
         _drop("rope.scaling.yarn_log_multiplier"),
-        {"cos/sin factor"},
+        {"cos/sin factor", "softmax_scale"},
         "deepseek2.rope.scaling.yarn_log_multiplier",
     ),
     (

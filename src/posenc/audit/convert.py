@@ -12,7 +12,10 @@ head_dim; Llama 3's scaling as the ``rope_freqs`` factors of ``generate_extra_te
 ``rope.dimension_count``; Phi-3's LongRoPE as the ``rope_factors_long`` / ``_short`` tensors,
 its original length and ``rope.scaling.attn_factor = sqrt(1 + ln s / ln L0)``, ``s`` the
 trained over the original length); ``DeepseekV2Model`` (``rope.scaling.yarn_log_multiplier =
-0.1 mscale_all_dim``). ``gguf_diff`` names every such field a GGUF holds differently.
+0.1 mscale_all_dim``; MLA as MQA over the latent: ``attention.key_length = kv_lora_rank +
+qk_rope_head_dim``, ``value_length = kv_lora_rank``, the per-head widths as
+``attention.key_length_mla = qk_nope_head_dim + qk_rope_head_dim`` and
+``value_length_mla = v_head_dim``). ``gguf_diff`` names every such field a GGUF holds differently.
 """
 
 from __future__ import annotations
@@ -58,6 +61,8 @@ INT_KEYS = frozenset(
         "attention.key_length",
         "attention.value_length",
         "attention.kv_lora_rank",
+        "attention.key_length_mla",
+        "attention.value_length_mla",
         "rope.dimension_count",
         "rope.scaling.original_context_length",
     )
@@ -156,7 +161,13 @@ def converter_fields(config: Mapping[str, Any]) -> tuple[str, dict[str, Any], di
         kv["rope.dimension_count"] = int(partial * _head_dim(config))
     elif dims == "mla":
         kv["rope.dimension_count"] = config["qk_rope_head_dim"]
-        kv["attention.kv_lora_rank"] = config["kv_lora_rank"]
+        kv["attention.kv_lora_rank"] = rank = config["kv_lora_rank"]
+        # MLA runs as MQA over the latent: the cached key row is the latent and the rope
+        # part; the per-head widths (which set llama.cpp's kq_scale) under the _mla keys
+        kv["attention.key_length"] = rank + config["qk_rope_head_dim"]
+        kv["attention.value_length"] = rank
+        kv["attention.key_length_mla"] = config["qk_nope_head_dim"] + config["qk_rope_head_dim"]
+        kv["attention.value_length_mla"] = config["v_head_dim"]
         if params.get("rope_type") == "yarn" and "mscale_all_dim" in params:
             kv["rope.scaling.yarn_log_multiplier"] = 0.1 * params["mscale_all_dim"]
     tensors = {}
@@ -183,11 +194,13 @@ def _phi3_longrope(config: Mapping[str, Any], params: Mapping[str, Any]) -> dict
 
 def _rotary(key: str) -> bool:
     """A key or tensor that decides positions (rope.*, rope tensors, context length, the
-    key length and MLA's rank, which decide the rotated head width)."""
+    key length and MLA's rank, which decide the rotated head width, and MLA's per-head key
+    width, which decides DeepSeek-V2's softmax scale)."""
     return key.startswith("rope") or key in (
         "context_length",
         "attention.key_length",
         "attention.kv_lora_rank",
+        "attention.key_length_mla",
     )
 
 
@@ -202,6 +215,7 @@ def _default(name: str, fields: Mapping[str, Any], arch: Any) -> Any:
     return {
         "attention.key_length": head_dim,
         "attention.value_length": head_dim,
+        "attention.key_length_mla": key_length,
         "rope.dimension_count": key_length,
         "rope.freq_base": 10000.0,
         "rope.scaling.original_context_length": get(f"{arch}.context_length"),

@@ -95,6 +95,20 @@ def _log_mul(arch: str, get: Any) -> float:
     return float(get("rope.scaling.yarn_log_multiplier", 0.0)) / 0.1
 
 
+#: architectures whose graph sets its own softmax scale from the MLA key width
+#: (src/models/deepseek2.cpp, ``kq_scale``)
+_KQ_SCALE_ARCHS = ("deepseek2",)
+
+
+def _kq_head_dim(arch: str, key_length: int, get: Any) -> int | None:
+    """``hparams.n_embd_head_k_mla()`` (src/llama-hparams.cpp): ``attention.key_length_mla``
+    when the GGUF has both ``_mla`` lengths (``is_mla``), else the key length."""
+    if arch not in _KQ_SCALE_ARCHS:
+        return None
+    mla_k, mla_v = get("attention.key_length_mla"), get("attention.value_length_mla")
+    return int(mla_k) if mla_k and mla_v else key_length
+
+
 def gguf_rope(path: str | Path) -> tuple[LlamaCppRope, dict[str, Any]]:
     """The rotary hyperparameters llama.cpp loads from the GGUF at ``path``, and the raw
     fields read (key -> value; rope tensors by name, as lists).
@@ -123,6 +137,7 @@ def gguf_rope(path: str | Path) -> tuple[LlamaCppRope, dict[str, Any]]:
     if n_head <= 0 or n_layer <= 0:
         raise ValueError(f"{path}: {arch}.attention.head_count / block_count missing")
     head_dim = int(get("attention.key_length", n_embd // n_head))
+    kq_head_dim = _kq_head_dim(arch, head_dim, get)
     if get("attention.kv_lora_rank") is not None:  # MLA: the rotated part is its own head
         head_dim = int(get("rope.dimension_count", head_dim))
     n_ctx_train = int(get("context_length", 0))
@@ -165,6 +180,7 @@ def gguf_rope(path: str | Path) -> tuple[LlamaCppRope, dict[str, Any]]:
         freq_scale_swa=swa_scale,
         n_rot_swa=None if swa_dims is None else int(swa_dims),
         alibi_max_bias=get("attention.max_alibi_bias"),
+        kq_head_dim=kq_head_dim,
         **tensors,
     )
     return rope, fields

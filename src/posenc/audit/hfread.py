@@ -11,6 +11,10 @@ Shapes: ``P`` positions, ``R`` rotary dims, ``L`` layers.
   code layer by layer in the ``posenc.hf`` tests.
 * ``read_posenc``: ``posenc.hf.layer_plan``'s modules, their ``inv_freq`` and
   ``attention_scale`` after ``observe_length(context)``.
+
+For an MLA config (``posenc.audit.mla``) each rotating layer also states its softmax scale:
+transformers' attention module's ``scaling`` (the model built on the meta device), posenc's
+``mla_softmax_scale``.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from posenc.audit.mla import mla_width, transformers_scales
 from posenc.audit.reading import LayerPositions, Reading, no_rotation
 
 __all__ = ["read_posenc", "read_transformers"]
@@ -62,11 +67,18 @@ def _plan(config: Mapping[str, Any]) -> list[Any]:
 
 
 def _layer(
-    module: Any, positions: np.ndarray, context: int, window: int | None, head_dim: int
+    module: Any,
+    positions: np.ndarray,
+    context: int,
+    window: int | None,
+    head_dim: int,
+    mla: int | None = None,
 ) -> LayerPositions:
     """A plan module's ``LayerPositions``: RoPE (or M-RoPE around one), or no rotation for
-    an encoding that does not touch queries and keys (NoPE, ALiBi, biases)."""
+    an encoding that does not touch queries and keys (NoPE, ALiBi, biases); ``mla``, the
+    MLA query/key width, gives the layer posenc's MLA softmax scale (``mla_softmax_scale``)."""
     from posenc.base import Site
+    from posenc.encodings.rotary.mla import mla_softmax_scale
     from posenc.encodings.rotary.module import RotaryEmbedding
 
     if not module.sites & Site.QK:
@@ -92,6 +104,7 @@ def _layer(
         pairs="adjacent" if rope.interleaved else "half",
         angles=positions[:, None].astype(np.float64) * inv_freq[None, :],
         scale=np.full(len(positions), float(rope.attention_scale)),
+        softmax_scale=None if mla is None else mla_softmax_scale(mla, rope.scaling),
         sliding_window=window,
         extra=extra,
     )
@@ -126,8 +139,9 @@ def read_posenc(
     plan = _plan(config)
     windows = _windows(config, len(plan))
     head_dim = _config_head_dim(config)
+    width = mla_width(config)
     layers = [
-        _layer(module, pos, context, window, head_dim)
+        _layer(module, pos, context, window, head_dim, width)
         for module, window in zip(plan, windows, strict=True)
     ]
     return Reading("posenc", pos, context, tuple(layers), _raw_fields(config))
@@ -151,7 +165,7 @@ def _rotary_class(config: Any) -> type:
     return min(found, key=lambda cls: len(cls.__name__))
 
 
-def _config_object(config: Mapping[str, Any]) -> Any:
+def _built_config(config: Mapping[str, Any]) -> Any:
     from transformers import AutoConfig
 
     fields = dict(config)
@@ -162,7 +176,7 @@ def _config_object(config: Mapping[str, Any]) -> Any:
         built = AutoConfig.for_model(model_type, **fields)
     except (ValueError, KeyError, TypeError) as err:
         raise ValueError(f"transformers refuses this {model_type} config: {err}") from None
-    return built.get_text_config()
+    return built
 
 
 def read_transformers(
@@ -172,12 +186,16 @@ def read_transformers(
     import torch
 
     pos = np.asarray(positions)
-    text = _config_object(config)
+    built = _built_config(config)
+    text = built.get_text_config()
     kinds = getattr(text, "layer_types", None) or []
     plan = _plan(config)
     windows = _windows(config, len(plan))
     head_dim = _config_head_dim(config)
     ids = torch.tensor([[context - 1]])
+    softmax, note = [None] * len(plan), None
+    if mla_width(config) is not None:
+        softmax, note = transformers_scales(built, len(plan))
     layers, rotary, per_type = [], None, False
     for i, (module, window) in enumerate(zip(plan, windows, strict=True)):
         planned = _layer(module, pos, context, window, head_dim)
@@ -203,8 +221,9 @@ def read_transformers(
                 pairs=planned.pairs,
                 angles=pos[:, None].astype(np.float64) * inv_freq[None, :],
                 scale=np.full(len(pos), scale),
+                softmax_scale=softmax[i],
                 sliding_window=window,
                 extra=planned.extra,
             )
         )
-    return Reading("transformers", pos, context, tuple(layers), _raw_fields(config))
+    return Reading("transformers", pos, context, tuple(layers), _raw_fields(config), note)

@@ -24,6 +24,9 @@ Every rule here is read from llama.cpp's repository (ggml-org/llama.cpp), file b
   get_mscale(factor, mscale_all_dims)`` (``mscale_all_dims = yarn_log_multiplier``; 1 when
   it is 0; DeepSeek-V2 also takes ``mscale = mscale_all_dims``) divided by
   ``1 + 0.1 ln(factor)``, which ``ggml`` multiplies back, then times ``rope.scaling.attn_factor``;
+* ``src/models/deepseek2.cpp``: the graph's softmax scale ``kq_scale`` puts the YaRN
+  magnitude back on ``q . k`` (``_kq_scale``), with ``n_embd_head_k_mla``
+  (``attention.key_length_mla`` when the GGUF has both ``_mla`` lengths, else the key length);
 * ``src/llama-model.cpp``, ``get_rope_factors``: the ``rope_freqs`` tensor when present
   (Llama 3's scaling), else LongRoPE's ``rope_factors_long`` when the context is longer
   than the original one, else ``rope_factors_short``;
@@ -102,7 +105,9 @@ class LlamaCppRope:
 
     ``freq_factors`` / ``factors_long`` / ``factors_short`` are the ``[R/2]`` tensors
     ``rope_freqs``, ``rope_factors_long``, ``rope_factors_short`` (None when absent).
-    ``swa_layers[i]`` marks a sliding-window layer (empty: none).
+    ``swa_layers[i]`` marks a sliding-window layer (empty: none). ``kq_head_dim`` is
+    ``n_embd_head_k_mla`` of an architecture whose graph sets its own ``kq_scale`` from it
+    (deepseek2; None: ``1 / sqrt(head_dim)``).
     """
 
     architecture: str
@@ -130,6 +135,7 @@ class LlamaCppRope:
     freq_scale_swa: float | None = None
     n_rot_swa: int | None = None
     alibi_max_bias: float | None = None
+    kq_head_dim: int | None = None
 
     def __post_init__(self) -> None:
         if self.scaling_type not in _SCALING_TYPES:
@@ -162,8 +168,9 @@ def _ext_factor(rope: LlamaCppRope) -> float:
     return 1.0 if rope.scaling_type == "yarn" else 0.0
 
 
-def _attn_factor(rope: LlamaCppRope, ext_factor: float, freq_scale: float) -> float:
-    """The cos/sin multiplier ``ggml`` ends with (llama-context.cpp, then ``rope_yarn``)."""
+def _graph_attn_factor(rope: LlamaCppRope, ext_factor: float, freq_scale: float) -> float:
+    """``cparams.yarn_attn_factor``, the ``attn_factor`` a graph hands ``ggml_rope_ext``
+    (llama-context.cpp)."""
     attn = rope.yarn_attn_factor
     if ext_factor != 0.0:
         factor = 1.0 / freq_scale
@@ -174,8 +181,28 @@ def _attn_factor(rope: LlamaCppRope, ext_factor: float, freq_scale: float) -> fl
         else:
             attn = _mscale(factor, 1.0)
         attn /= 1.0 + 0.1 * math.log(factor)
-        attn *= 1.0 + 0.1 * math.log(1.0 / freq_scale)  # rope_yarn's own magnitude factor
     return attn * rope.attn_factor
+
+
+def _attn_factor(rope: LlamaCppRope, ext_factor: float, freq_scale: float) -> float:
+    """The cos/sin multiplier ``ggml`` ends with (llama-context.cpp, then ``rope_yarn``)."""
+    attn = _graph_attn_factor(rope, ext_factor, freq_scale)
+    if ext_factor != 0.0:
+        attn *= 1.0 + 0.1 * math.log(1.0 / freq_scale)  # rope_yarn's own magnitude factor
+    return attn
+
+
+def _kq_scale(rope: LlamaCppRope, ext_factor: float, freq_scale: float) -> float | None:
+    """The deepseek2 graph's ``kq_scale`` (src/models/deepseek2.cpp): ``attn_factor_org =
+    attn_factor (1 + 0.1 ln(1/freq_scale))``, ``mscale = attn_factor_org (1 + 0.1
+    rope_yarn_log_mul ln(1/freq_scale))``, ``kq_scale = mscale^2 / sqrt(n_embd_head_k_mla)``;
+    None for an architecture whose graph keeps ``1 / sqrt(head_dim)``."""
+    if rope.kq_head_dim is None:
+        return None
+    log_inv = math.log(1.0 / freq_scale)
+    org = _graph_attn_factor(rope, ext_factor, freq_scale) * (1.0 + 0.1 * log_inv)
+    mscale = org * (1.0 + 0.1 * rope.yarn_log_mul * log_inv)
+    return mscale * mscale / math.sqrt(rope.kq_head_dim)
 
 
 def _corr_dims(n_dims: int, n_ctx_orig: int, base: float, fast: float, slow: float):
@@ -240,6 +267,7 @@ def layer_positions(
         pairs=_PAIRS[layout],
         angles=pos[:, None] * theta[None, :],  # [P, R/2]
         scale=np.full(len(pos), _attn_factor(rope, ext, freq_scale)),
+        softmax_scale=_kq_scale(rope, ext, freq_scale),
         sliding_window=window,
         alibi_max_bias=rope.alibi_max_bias,
         extra=extra,

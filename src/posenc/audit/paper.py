@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from posenc.audit.mla import mla_width
 from posenc.audit.reading import Reading
 from posenc.reference import rope as ref
 
@@ -118,10 +119,13 @@ def read_paper(
 
 
 def _mla_softmax_scale(config: Mapping[str, Any], scaling: Any) -> float | None:
-    """DeepSeek-V2's (MLA, sec. 2.1.3) softmax scale under YaRN: ``(D_nope + D_rope) ** -0.5``
-    times ``(1 + 0.1 mscale_all_dim ln s) ** 2``; None for other configs."""
-    if "qk_nope_head_dim" not in config or not getattr(scaling, "mscale_all_dim", None):
+    """DeepSeek-V2's (MLA, sec. 2.1.3) softmax scale: ``(D_nope + D_rope) ** -0.5``, under
+    YaRN with ``mscale_all_dim`` times ``(1 + 0.1 mscale_all_dim ln s) ** 2`` (``s > 1``);
+    None for a config that is not MLA."""
+    width = mla_width(config)
+    if width is None:
         return None
-    width = config["qk_nope_head_dim"] + config["qk_rope_head_dim"]
-    mscale = 1.0 + 0.1 * scaling.mscale_all_dim * math.log(scaling.factor)
+    factor = getattr(scaling, "factor", 1.0)
+    mscale_all = getattr(scaling, "mscale_all_dim", None)
+    mscale = 1.0 + 0.1 * mscale_all * math.log(factor) if mscale_all and factor > 1.0 else 1.0
     return width**-0.5 * mscale**2
