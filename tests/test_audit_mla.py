@@ -127,3 +127,28 @@ def test_a_family_that_does_not_build_on_meta_is_noted(monkeypatch):
     posenc = read_posenc(DEEPSEEK_V2_LITE, positions, context=4096)
     row = next(r for r in compare([reading, posenc], [4096]).rows if r.field == "softmax_scale")
     assert row.agree is False
+
+
+def _legacy(arch, kv, tensors):
+    """The converter before MLA ran as MQA: per-head widths under the plain keys."""
+    for key in ("attention.key_length_mla", "attention.value_length_mla"):
+        del kv[key]
+    kv["attention.key_length"], kv["attention.value_length"] = 192, 128
+
+
+def _half_mla(arch, kv, tensors):
+    del kv["attention.value_length_mla"]
+
+
+@pytest.mark.parametrize(
+    ("edit", "width"),
+    [(None, 192), (_legacy, 192), (_half_mla, 512 + 64)],
+    ids=["mla-keys", "legacy-keys", "key_length_mla-alone"],
+)
+def test_gguf_kq_scale_takes_llamacpps_mla_key_width(edit, width, tmp_path):
+    """``n_embd_head_k_mla()``: ``key_length_mla`` when both ``_mla`` lengths are written
+    (``is_mla``), else ``key_length`` (src/llama-hparams.cpp)."""
+    path = write_gguf(tmp_path / "m.gguf", DEEPSEEK_V2_LITE, edit=edit)
+    layer = read_gguf(path, audit_positions(4096), context=4096).layers[0]
+    expected = _expected_mla_scale(DEEPSEEK_V2_LITE) * math.sqrt(192 / width)
+    assert math.isclose(layer.softmax_scale, expected, rel_tol=8 * EPS32)
