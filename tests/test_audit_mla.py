@@ -152,3 +152,24 @@ def test_gguf_kq_scale_takes_llamacpps_mla_key_width(edit, width, tmp_path):
     layer = read_gguf(path, audit_positions(4096), context=4096).layers[0]
     expected = _expected_mla_scale(DEEPSEEK_V2_LITE) * math.sqrt(192 / width)
     assert math.isclose(layer.softmax_scale, expected, rel_tol=8 * EPS32)
+
+
+@pytest.mark.slow
+def test_vllm_states_the_same_mla_scale_as_the_other_readings():
+    """vLLM's built DeepseekV2 attention (its own environment) against transformers, posenc
+    and the paper: DeepSeek-V2-Lite's config at its own widths and a small YaRN one."""
+    from _audit_configs import CONFIGS, CONTEXT, POSITIONS
+    from posenc.audit.vllm import read_vllm_jobs, vllm_python
+
+    if vllm_python() is None:
+        pytest.skip("vLLM's environment .venv-vllm is absent (bash scripts/setup_vllm.sh)")
+    configs = [CONFIGS["deepseek_yarn"], DEEPSEEK_V2_LITE]
+    served = read_vllm_jobs([{"config": c} for c in configs], POSITIONS, context=CONTEXT)
+    for config, vllm in zip(configs, served, strict=True):
+        assert vllm.ran, vllm.note
+        readers = (read_transformers, read_posenc, read_paper)
+        readings = [read(config, POSITIONS, context=CONTEXT) for read in readers]
+        result = compare([*readings, vllm], [CONTEXT])
+        row = next(r for r in result.rows if r.field == "softmax_scale")
+        assert row.agree, row
+        assert vllm.layers[0].softmax_scale not in (None, vllm.layers[0].head_dim ** -0.5)
