@@ -92,7 +92,7 @@ __all__ = [
 ]
 
 #: Shortest sequence for which ``backend="auto"`` picks FlexAttention (from 256 tokens on
-#: it is 2-7x faster than the chunked path at 8 heads); shorter ones stay on the chunked
+#: it is 1.8-9x faster than the chunked path at 8 heads); shorter ones stay on the chunked
 #: path, which compiles nothing.
 FLEX_MIN_LENGTH = 256
 
@@ -259,30 +259,54 @@ def _shaw(
     q: Tensor, k: Tensor, v: Tensor, position: PositionalEncoding, scale: float, real: int
 ) -> Tensor:
     """Shaw's key and value terms under a causal mask, through one FlexAttention call with
-    a phantom first key (see the module docstring); the first ``real`` queries are real."""
-    batch, heads, length, dim = q.shape
+    a phantom first key (see the module docstring); the first ``real`` queries are real.
+    The band before and the value term after it are compiled too (once per bucket): about
+    20 small operations each, which a loaded machine makes cost more than the kernel."""
     clip = int(position.max_relative_position)
     key_table = position.key_table.detach().to(q.dtype)  # [2K + 1, D]
-    value_table = position.value_table.detach().to(q.dtype)
-    per_offset = torch.matmul(q, key_table.T) * dim**-0.5  # [B, H, T, 2K + 1]
-    near = clip - torch.arange(clip, device=q.device)  # w rows K - d of the keys i - d
-    band = band_dots(q, k, clip) * scale + per_offset[..., near]  # [B, H, T, K] logits
-    ahead = torch.arange(clip, device=q.device) > torch.arange(length, device=q.device)[:, None]
-    band = band.masked_fill(ahead, float("-inf"))  # keys before position 0
-    top = band.amax(-1)  # [B, H, T]: the diagonal is always in the band
+    per_offset, band, top, k_aug, v_aug = _shaw_band(q, k, v, key_table, clip, scale)
 
     def score_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         rel = torch.clamp(kv_idx - 1 - q_idx, -clip, clip) + clip
         return torch.where(kv_idx == 0, top[b, h, q_idx], score + per_offset[b, h, q_idx, rel])
 
-    k_aug = torch.cat((k.new_zeros(batch, heads, 1, dim), k), -2)  # [B, H, T + 1, D]
-    phantom = v.new_zeros(batch, heads, 1, dim + 1)
-    phantom[..., dim] = 1.0
-    v_aug = torch.cat((phantom, torch.cat((v, v.new_zeros(batch, heads, length, 1)), -1)), -2)
-    mask = _block_mask(length, real, 1, True, q.device.type)
+    mask = _block_mask(q.shape[-2], real, 1, True, q.device.type)
     out = _flex(q, k_aug, v_aug, score_mod=score_mod, block_mask=mask, scale=scale)
+    return _shaw_value(out, band, top, position.value_table.detach().to(q.dtype))
+
+
+def _shaw_band_eager(
+    q: Tensor, k: Tensor, v: Tensor, key_table: Tensor, clip: int, scale: float
+) -> tuple[Tensor, ...]:
+    """Shaw's per-offset key logits ``[B, H, T, 2K + 1]``, the band's logits ``[B, H, T, K]``
+    (key ``i - d`` at ``d``), their row maxima ``[B, H, T]``, and the keys and values with
+    the phantom first key."""
+    batch, heads, length, dim = q.shape
+    per_offset = torch.matmul(q, key_table.T) * dim**-0.5
+    near = clip - torch.arange(clip, device=q.device)  # w rows K - d of the keys i - d
+    band = band_dots(q, k, clip) * scale + per_offset[..., near]
+    ahead = torch.arange(clip, device=q.device) > torch.arange(length, device=q.device)[:, None]
+    band = band.masked_fill(ahead, float("-inf"))  # keys before position 0
+    k_aug = torch.cat((k.new_zeros(batch, heads, 1, dim), k), -2)  # [B, H, T + 1, D]
+    phantom = torch.zeros(dim + 1, dtype=v.dtype, device=v.device)
+    phantom[dim] = 1.0
+    v_aug = torch.cat(
+        (phantom.expand(batch, heads, 1, dim + 1), nn.functional.pad(v, (0, 1))), -2
+    )  # [B, H, T + 1, D + 1]
+    return per_offset, band, band.amax(-1), k_aug, v_aug  # the diagonal is always in the band
+
+
+def _shaw_value_eager(out: Tensor, band: Tensor, top: Tensor, value_table: Tensor) -> Tensor:
+    """The output from the phantom-key call ``out [B, H, T, D + 1]``: renormalized, plus
+    the value term of the band's probabilities (see the module docstring)."""
+    dim, clip = out.shape[-1] - 1, band.shape[-1]
     p0 = out[..., dim:]  # [B, H, T, 1]
     rest = 1.0 - p0
     probs = torch.exp(band - top[..., None]) * (p0 / rest)  # [B, H, T, K]
+    near = clip - torch.arange(clip, device=out.device)
     steps = value_table[near] - value_table[0]  # [K, D]
     return out[..., :dim] / rest + value_table[0] + torch.matmul(probs, steps)
+
+
+_shaw_band = static_compiled(lambda: _shaw_band_eager, fullgraph=True)
+_shaw_value = static_compiled(lambda: _shaw_value_eager, fullgraph=True)
