@@ -172,8 +172,8 @@ def float_positions(positions: Tensor, dtype: torch.dtype, name: str = "position
     """
     dtype = check_float_dtype("dtype", dtype)
     out = positions.to(dtype)
-    if positions.is_floating_point() or not positions.numel():
-        return out
+    if positions.is_floating_point() or not positions.numel() or positions.device.type == "meta":
+        return out  # a meta tensor has a shape only (an encoding's own shape pass)
     limit = int(2 / torch.finfo(dtype).eps)
     if torch.compiler.is_compiling():
         return torch.where((positions > limit) | (positions < -limit), float("nan"), out)

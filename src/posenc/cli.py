@@ -71,14 +71,16 @@ class _Parser(argparse.ArgumentParser):
 
 def _short_argparse(message: str) -> str:
     """argparse's message in fewer words: ``argument --task: invalid choice: 'x' (choose
-    from 'a', 'b')`` -> ``--task: unknown 'x'; did you mean 'a'? (a, b)``."""
+    from 'a', 'b')`` -> ``--task: unknown 'x'; did you mean 'a'?``, or ``(a, b)`` when no
+    choice is close (one line within the limit however many choices there are)."""
     message = re.sub(r"^argument (\S+): ", r"\1: ", message)
     found = re.fullmatch(r"(\S+): invalid choice: '(.*)' \(choose from (.*)\)", message)
     if found is None:
         return message
     flag, value, listed = found.groups()
     choices = [c.strip().strip("'") for c in listed.split(",")]
-    return f"{flag}: unknown {value!r}{suggest(value, choices)} ({', '.join(choices)})"
+    hint = suggest(value, choices)  # the closest choice, else every choice
+    return f"{flag}: unknown {value!r}" + (hint or f" ({', '.join(choices)})")
 
 
 class _TopParser(_Parser):
