@@ -38,7 +38,9 @@ SENTINEL = 7776.0  # exact in every dtype above
 EXAMPLES = int(os.environ.get("POSENC_FUZZ_EXAMPLES", "60"))
 
 small = st.tuples(*(st.integers(0, 3) for _ in range(2)), st.integers(0, 9), st.integers(1, 20))
-large = st.tuples(st.just(1), st.integers(1, 2), st.integers(300, 1200), st.sampled_from([8, 33, 72]))
+large = st.tuples(
+    st.just(1), st.integers(1, 2), st.integers(300, 1200), st.sampled_from([8, 33, 72])
+)
 
 
 @st.composite
