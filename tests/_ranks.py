@@ -3,7 +3,8 @@
 ``run_ranks(worker, world, *args)`` starts ``python worker RANK WORLD PORT OUT.json *args``
 for each rank (``OMP_NUM_THREADS=1``, a free port), waits for all of them with a timeout so
 that a failure never hangs the suite, and returns the JSON rank 0 wrote; a worker may write it
-with ``write_gathered``.
+with ``write_gathered``. ``torchrun(n, *argv)`` runs a command under ``torch.distributed.run``
+with ``n`` processes (a module's ``-m`` or a script), as users launch it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,17 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def torchrun(nproc: int, *argv: str, timeout: float = 400) -> subprocess.CompletedProcess:
+    """``python -m torch.distributed.run --nproc_per_node=nproc *argv`` on a free local port,
+    one thread per process; its output captured as text."""
+    launcher = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+                "--master_addr=127.0.0.1", f"--master_port={free_port()}"]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [*launcher, *argv], capture_output=True, text=True, env=env, timeout=timeout
+    )
 
 
 def run_ranks(worker: Path, world: int, *args: str, timeout: float = 300) -> object:

@@ -12,14 +12,11 @@ seeds (~1e-2).
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 
 import pytest
 import torch
 
+from _ranks import torchrun
 from posenc import cli
 from posenc.lab.config import LabConfig
 from posenc.lab.distributed import Context
@@ -32,22 +29,10 @@ OPTIONS = ["--quick", "--steps", "12", "--d-model", "16", "--heads", "2", "--eva
 RTOL = 1e-4
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.distributed
 def test_split_sequences_train_as_unsplit(tmp_path):
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                "--master_addr=127.0.0.1", f"--master_port={_free_port()}"]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [*launcher, "-m", "posenc", "lab", *OPTIONS, "--context-parallel", "2",
-         "--out", str(tmp_path / "split")],
-        capture_output=True, text=True, env=env, timeout=400,
-    )  # fmt: skip
+    proc = torchrun(2, "-m", "posenc", "lab", *OPTIONS, "--context-parallel", "2",
+                    "--out", str(tmp_path / "split"))  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert cli.main(["lab", *OPTIONS, "--out", str(tmp_path / "one")]) == 0
 

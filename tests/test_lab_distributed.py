@@ -10,13 +10,10 @@ the losses agree far more closely than runs with another seed would.
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 
 import pytest
 
+from _ranks import torchrun
 from posenc import cli
 
 OPTIONS = ["--quick", "--steps", "12", "--d-model", "16", "--heads", "2", "--eval-tokens", "256",
@@ -26,21 +23,9 @@ OPTIONS = ["--quick", "--steps", "12", "--d-model", "16", "--heads", "2", "--eva
 RTOL = 1e-3
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.distributed
 def test_two_processes_match_one(tmp_path):
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                "--master_addr=127.0.0.1", f"--master_port={_free_port()}"]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [*launcher, "-m", "posenc", "lab", *OPTIONS, "--out", str(tmp_path / "two")],
-        capture_output=True, text=True, env=env, timeout=300,
-    )  # fmt: skip
+    proc = torchrun(2, "-m", "posenc", "lab", *OPTIONS, "--out", str(tmp_path / "two"), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("wrote ") == 1  # rank 0 alone reports and writes
     assert cli.main(["lab", *OPTIONS, "--out", str(tmp_path / "one")]) == 0
