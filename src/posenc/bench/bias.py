@@ -12,10 +12,10 @@ causal SDPA's spread against itself timed again in the same rounds (its A/A cont
 Shapes: ``B`` batch (1), ``T`` length, ``C`` d_model, ``H`` heads. For every registered
 encoding with a SCORE (or VALUE) site, ``posenc.MultiHeadAttention`` runs a causal
 forward pass on ``x [1, T, C]`` with its default backend (FlexAttention from
-``FLEX_MIN_LENGTH`` tokens where it applies, else query blocks; the bias computation is included), against
-the same layer without a position (one SDPA causal call). Peak memory (counted on the
-query-block path: FlexAttention does not run under the counting dispatch mode) compares
-that backend with the materialized ``[1, H, T, T]`` bias
+``FLEX_MIN_LENGTH`` tokens where it applies, else query blocks; the bias computation
+is included), against the same layer without a position (one SDPA causal call). Peak
+memory (counted on the query-block path: FlexAttention does not run under the counting
+dispatch mode) compares that backend with the materialized ``[1, H, T, T]`` bias
 (``backend="sdpa"``, or ``"eager"`` for VALUE encodings), as counted by
 ``posenc.attention.backends.peak_tensor_bytes``.
 """
