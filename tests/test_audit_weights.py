@@ -155,5 +155,6 @@ def test_smollm2_gguf_agrees_with_its_converted_folder(tmp_path):
     assert [r.runtime for r in result.comparison.readings] == [
         "transformers",
         "posenc",
+        "paper (float64)",
         "llama.cpp (GGUF)",
     ]
