@@ -163,11 +163,12 @@ def float_positions(positions: Tensor, dtype: torch.dtype, name: str = "position
 
     An integer beyond ``+-2 / eps`` of ``dtype`` (``2**53`` in float64, ``2**24`` in
     float32) rounds to a neighbour, so neighbouring positions would share one angle or
-    one row. They are refused; under ``torch.compile`` (no host sync) they become NaN.
-    Float positions are converted as they are.
+    one row. On the CPU they are refused; on an accelerator and under ``torch.compile``
+    they become NaN instead (refusing would read the positions back to the host on every
+    call). Float positions are converted as they are.
 
     Raises:
-        ValueError: an integer position beyond the limit (named with the limit).
+        ValueError: an integer position beyond the limit on the CPU (named with the limit).
         TypeError: a non-floating ``dtype``.
     """
     dtype = check_float_dtype("dtype", dtype)
@@ -175,7 +176,7 @@ def float_positions(positions: Tensor, dtype: torch.dtype, name: str = "position
     if positions.is_floating_point() or not positions.numel() or positions.device.type == "meta":
         return out  # a meta tensor has a shape only (an encoding's own shape pass)
     limit = int(2 / torch.finfo(dtype).eps)
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or positions.device.type != "cpu":
         return torch.where((positions > limit) | (positions < -limit), float("nan"), out)
     low, high = (int(v) for v in positions.aminmax())
     if low < -limit or high > limit:

@@ -39,7 +39,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from posenc.lab.significance import EXACT_UNITS, RESAMPLES, _signs
+from posenc.lab.significance import EXACT_UNITS, RESAMPLES, sign_patterns
 
 __all__ = [
     "EXACT_SEEDS",
@@ -89,7 +89,7 @@ def seed_sign_flip_tests(per_seed: np.ndarray) -> np.ndarray:
     if d.ndim != 2 or d.shape[1] == 0 or not np.all(np.isfinite(d)):
         raise ValueError(f"need finite per-seed differences [K, S], got shape {d.shape}")
     observed = np.abs(d.sum(1)) - _TIE * np.abs(d).sum(1)  # [K]
-    signs = _signs(d.shape[1], SEED_FLIPS).astype(np.float64)  # [R, S], exact +-1
+    signs = sign_patterns(d.shape[1], SEED_FLIPS).astype(np.float64)  # [R, S], exact +-1
     hits = np.zeros(len(d), dtype=np.int64)
     for block in np.split(signs, range(_CHUNK, len(signs), _CHUNK)):
         hits += np.count_nonzero(np.abs(block @ d.T) >= observed, axis=0)

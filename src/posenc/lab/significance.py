@@ -45,6 +45,7 @@ __all__ = [
     "holm",
     "sign_flip_test",
     "sign_flip_tests",
+    "sign_patterns",
     "wilson_interval",
 ]
 
@@ -78,7 +79,7 @@ def wilson_interval(successes: int, trials: int, *, z: float = Z975) -> tuple[fl
 
 
 @functools.lru_cache(maxsize=8)
-def _signs(units: int, flips: int) -> np.ndarray:
+def sign_patterns(units: int, flips: int) -> np.ndarray:
     """``[R, n]`` signs ``+-1``: every flip when ``n <= EXACT_UNITS``, else ``flips`` random
     ones (float32: the sums are compared with a tolerance)."""
     if units <= EXACT_UNITS:
@@ -115,7 +116,7 @@ def sign_flip_tests(diffs: np.ndarray, *, flips: int = PERMUTATIONS) -> np.ndarr
     top = np.abs(d).max(1, keepdims=True)  # [K, 1]
     d = d / np.where(top == 0.0, 1.0, top)  # in [-1, 1]: float32 neither under- nor overflows
     observed = np.abs(d.sum(1)) - 1e-5 * np.abs(d).sum(1)  # float32 sums: ~n * 6e-8 off
-    signs = _signs(d.shape[1], flips)  # [R, n]
+    signs = sign_patterns(d.shape[1], flips)  # [R, n]
     d32 = d.T.astype(np.float32)  # [n, K]
     hits = np.zeros(len(d), dtype=np.int64)
     for block in np.split(signs, range(_CHUNK, len(signs), _CHUNK)):
