@@ -1,7 +1,7 @@
-"""Seed-level inference: the exact sign-flip test over seeds against enumeration in
-float64, its properties, the hierarchical bootstrap against the exactly enumerated
-resampling distribution, and the issue's case where the text says significant and the
-seeds do not."""
+"""Seed-level inference: the mixed-effects model against least-squares ANOVA, scipy's
+t-test and simulated data (its level and coverage, where the unit-level test fails),
+the exact sign-flip test over seeds against enumeration in float64, and the issue's
+case where the text says significant and the seeds do not."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from scipy import stats
 
 from posenc.lab.claims import comparisons_record, pairwise_lines, sentence
 from posenc.lab.config import DEFAULT_SEEDS
@@ -21,7 +22,7 @@ from posenc.lab.seedlevel import (
     EXACT_SEEDS,
     SEED_FLIPS,
     floor,
-    hierarchical_bootstrap,
+    mixed_model_test,
     seed_sign_flip_tests,
     seeds_needed,
 )
@@ -85,52 +86,117 @@ def test_beyond_exact_seeds_random_patterns_give_a_valid_p():
         seed_sign_flip_tests(np.array([[1.0, math.inf]]))
 
 
-def _exact_distribution(diff: np.ndarray, groups: np.ndarray) -> np.ndarray:
-    """Every equally likely two-stage resample (seeds, then files in each drawn seed):
-    the mean over drawn seeds of the mean over drawn files' units, in float64."""
-    seeds, files = diff.shape[0], groups.max() + 1
-    out = []
-    for drawn in itertools.product(range(seeds), repeat=seeds):
-        per_seed_choices = []
-        for s in drawn:
-            choices = []
-            for picked in itertools.product(range(files), repeat=files):
-                units = np.concatenate([diff[s, groups == f] for f in picked])
-                choices.append(units.mean())
-            per_seed_choices.append(choices)
-        out += [np.mean(c) for c in itertools.product(*per_seed_choices)]
-    return np.asarray(out)
+def _anova_by_least_squares(cells: np.ndarray) -> tuple[float, float, float]:
+    """Mean squares of seeds, files and residual of a two-way table, each from the
+    residual sums of squares of nested least-squares fits (a route independent of the
+    row and column means the library uses)."""
+    seeds, files = cells.shape
+    y = cells.ravel()
+    one = np.ones((y.size, 1))
+    seed = np.kron(np.eye(seeds), np.ones((files, 1)))[:, 1:]
+    file = np.kron(np.ones((seeds, 1)), np.eye(files))[:, 1:]
+
+    def rss(*parts):
+        x = np.hstack(parts)
+        return float(np.sum((y - x @ np.linalg.lstsq(x, y, rcond=None)[0]) ** 2))
+
+    full = rss(one, seed, file)
+    ms_a = (rss(one, file) - full) / (seeds - 1)
+    ms_c = (rss(one, seed) - full) / (files - 1)
+    return ms_a, ms_c, full / ((seeds - 1) * (files - 1))
 
 
-def test_hierarchical_bootstrap_draws_the_enumerated_distribution():
-    diff = np.array([[0.1, 0.3, -0.2], [0.5, 0.4, 0.9]])  # 2 seeds, files {0, 1} and {2}
-    groups = np.array([0, 0, 1])
-    exact = _exact_distribution(diff, groups)  # 2**2 seed draws x (2**2)**2 file draws
-    seen = []
+def test_crossed_model_is_the_anova_variance_with_satterthwaite_df():
+    rng = np.random.default_rng(11)
+    seeds, files = 6, 9
+    cells = (
+        0.05
+        + rng.normal(0, 0.04, (seeds, 1))
+        + rng.normal(0, 0.03, (1, files))
+        + rng.normal(0, 0.01, (seeds, files))
+    )
+    diff = np.repeat(cells, 3, axis=1)  # 3 segments per file, equal weights
+    groups = np.repeat(np.arange(files), 3)
+    ms_a, ms_c, ms_e = _anova_by_least_squares(cells)
+    assert ms_a > ms_e and ms_c > ms_e  # no component clamped in this draw
+    var = (ms_a + ms_c - ms_e) / (seeds * files)
+    df = var**2 / (
+        (ms_a / (seeds * files)) ** 2 / (seeds - 1)
+        + (ms_c / (seeds * files)) ** 2 / (files - 1)
+        + (ms_e / (seeds * files)) ** 2 / ((seeds - 1) * (files - 1))
+    )
+    got = mixed_model_test(diff, groups=groups, crossed=True)
+    assert got.estimate == pytest.approx(cells.mean(), rel=1e-12)
+    assert got.se == pytest.approx(math.sqrt(var), rel=1e-10)
+    assert got.df == pytest.approx(df, rel=1e-10)
+    t = got.estimate / got.se
+    assert got.p == pytest.approx(2 * stats.t.sf(abs(t), df), rel=1e-10)
+    half = stats.t.ppf(0.975, df) * got.se
+    assert (got.low, got.high) == pytest.approx((got.estimate - half, got.estimate + half))
 
-    def keep(means):
-        seen.append(means.mean(1))
-        return means.mean(1)
 
-    low, high = hierarchical_bootstrap(diff, keep, groups=groups, resamples=20000)
-    drawn = seen[0]
-    se = exact.std() / math.sqrt(drawn.size)
-    assert drawn.mean() == pytest.approx(exact.mean(), abs=4 * se)
-    assert drawn.std() == pytest.approx(exact.std(), rel=0.05)
-    assert set(np.round(drawn, 12)) <= set(np.round(exact, 12))
-    assert (low, high) == pytest.approx(tuple(np.percentile(exact, [2.5, 97.5])), abs=0.06)
+def test_nested_model_is_the_t_test_of_the_seed_means():
+    rng = np.random.default_rng(12)
+    diff = rng.normal(0.2, 1.0, (6, 40)) + rng.normal(0, 0.3, (6, 1))
+    got = mixed_model_test(diff, crossed=False)
+    want = stats.ttest_1samp(diff.mean(1), 0.0)
+    assert got.p == pytest.approx(want.pvalue, rel=1e-10) and got.df == 5
+    interval = want.confidence_interval(0.95)
+    assert (got.low, got.high) == pytest.approx((interval.low, interval.high), rel=1e-10)
+    one_file = mixed_model_test(diff, groups=np.zeros(40), crossed=True)
+    assert one_file.p == pytest.approx(want.pvalue, rel=1e-10)  # one file: no file effect
 
 
-def test_files_are_resampled_whole():
-    rng = np.random.default_rng(5)
-    per_file = rng.normal(0.0, 1.0, (4, 10))  # 4 seeds, 10 files
-    repeated = np.repeat(per_file, 3, axis=1)  # each file: 3 identical segments
-    groups = np.repeat(np.arange(10), 3)
-    mean = lambda m: m.mean(1)  # noqa: E731
-    clustered = hierarchical_bootstrap(repeated, mean, groups=groups)
-    assert clustered == pytest.approx(hierarchical_bootstrap(per_file, mean))
+def test_model_edge_cases():
+    one = mixed_model_test(np.full((1, 5), 0.3), crossed=True)
+    assert one.p == 1.0 and math.isinf(one.high)  # one seed: no seed-level claim
+    assert mixed_model_test(np.zeros((6, 4)), crossed=False).p == 1.0
+    same = mixed_model_test(np.full((6, 4), 0.5), crossed=True)
+    assert same.p == 0.0 and same.low == same.high == 0.5
+    with pytest.raises(ValueError, match="finite"):
+        mixed_model_test(np.array([[1.0, math.nan]]), crossed=True)
     with pytest.raises(ValueError, match="one file label per unit"):
-        hierarchical_bootstrap(repeated, mean, groups=groups[:-1])
+        mixed_model_test(np.ones((2, 4)), groups=np.arange(3), crossed=True)
+
+
+def _simulate(rng, seeds, files, per_file, *, mu, seed_sd, file_sd):
+    """Per-segment differences with a seed effect, a file effect shared by every seed
+    (the same held-out text), a seed-by-file effect and segment noise."""
+    cells = (
+        mu
+        + rng.normal(0, seed_sd, (seeds, 1))
+        + rng.normal(0, file_sd, (1, files))
+        + rng.normal(0, 0.02, (seeds, files))
+    )
+    return np.repeat(cells, per_file, axis=1) + rng.normal(0, 0.05, (seeds, files * per_file))
+
+
+@pytest.mark.parametrize(("seed_sd", "file_sd"), [(0.03, 0.01), (0.005, 0.04), (0.02, 0.02)])
+def test_model_holds_its_level_and_coverage_where_the_text_test_does_not(seed_sd, file_sd):
+    rng = np.random.default_rng(13)
+    seeds, files, per_file, trials = 6, 12, 4, 1500
+    groups = np.repeat(np.arange(files), per_file)
+    rejected = covered = naive = 0
+    for _ in range(trials):
+        d = _simulate(rng, seeds, files, per_file, mu=0.0, seed_sd=seed_sd, file_sd=file_sd)
+        got = mixed_model_test(d, groups=groups, crossed=True)
+        rejected += got.p < 0.05
+        covered += got.low <= 0.0 <= got.high
+        naive += stats.ttest_1samp(d.ravel(), 0.0).pvalue < 0.05  # units as independent
+    # Satterthwaite's t is an approximation: its level within 0.035-0.075 over 1500 draws
+    # (binomial sd 0.0056 at 0.05) and coverage to match; the unit-level test rejects
+    # several times as often
+    assert 0.035 <= rejected / trials <= 0.075
+    assert covered / trials == pytest.approx(1 - rejected / trials)
+    assert naive / trials > 3 * rejected / trials
+
+
+def test_model_finds_a_consistent_difference_below_the_sign_flip_floor():
+    rng = np.random.default_rng(14)
+    d = _simulate(rng, 6, 12, 4, mu=0.1, seed_sd=0.01, file_sd=0.01)
+    got = mixed_model_test(d, groups=np.repeat(np.arange(12), 4), crossed=True)
+    (flip,) = seed_sign_flip_tests(d.mean(1)[None])
+    assert flip == floor(6) and got.p < floor(6) / 1000  # no floor: claims can be ranked
 
 
 def _results(per_seed: list[float], *, segments: int = 48, files: int = 12) -> dict:
@@ -159,15 +225,15 @@ def _results(per_seed: list[float], *, segments: int = 48, files: int = 12) -> d
 def test_text_says_significant_where_the_seeds_do_not():
     (c,) = compare_all(_results([0.037, -0.019, -0.041]))
     assert (c.first, c.second) == ("b", "a")  # b's mean loss is lower over all
-    assert c.p_seed == 0.75 and not c.separated
+    assert c.p_seed > 0.5 and c.p_flip == 0.75 and not c.separated
     assert c.p_holm < 0.05  # 144 (seed, segment) pairs: the text-sampling test calls it
     assert c.wins == 2 and c.seeds == 3
-    assert c.seed_low < 1.0 < c.seed_high  # the hierarchical interval covers no difference
+    assert c.seed_low < 1.0 < c.seed_high  # the model's interval covers no difference
     assert "significant on this text, not across seeds" in sentence(c)
-    assert "smallest possible with 3 seeds: 0.25" in sentence(c)
+    assert "sign flips: p = 0.75, uncorrected" in sentence(c)
     record = json.loads(json.dumps(comparisons_record([c])))
-    assert record[0]["p_seed"] == 0.75 and record[0]["separated"] is False
-    assert record[0]["p_holm"] < 0.05 and record[0]["seed_floor"] == 0.25
+    assert record[0]["p_seed"] == c.p_seed and record[0]["separated"] is False
+    assert record[0]["p_holm"] < 0.05 and record[0]["flip_floor"] == 0.25
     text = "\n".join(pairwise_lines(_results([0.037, -0.019, -0.041]), [c]))
     assert "0 of 1 pairs separated across seeds (1 significant on this text)" in text
 
@@ -182,7 +248,8 @@ def test_per_seed_and_per_file_constants_added_to_both_rows_change_nothing():
             units = np.asarray(row["results"]["64"]["segments"])
             row["results"]["64"]["segments"] = (units + shift).tolist()
     (after,) = compare_all(results)
-    assert after.p_seed == before.p_seed == 2 / 2**6
+    assert after.p_flip == before.p_flip == 2 / 2**6
+    assert after.p_seed == pytest.approx(before.p_seed, rel=1e-9) and after.p_seed < 0.01
     assert after.separated and before.separated
     assert (after.seed_low, after.seed_high) == pytest.approx((before.seed_low, before.seed_high))
     assert after.p == pytest.approx(before.p)

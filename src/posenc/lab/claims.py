@@ -11,7 +11,6 @@ order.
 from __future__ import annotations
 
 from posenc.lab.pairwise import Comparison
-from posenc.lab.seedlevel import EXACT_SEEDS
 from posenc.lab.significance import EXACT_UNITS, PERMUTATIONS
 
 __all__ = ["comparisons_record", "pairwise_lines", "sentence"]
@@ -40,18 +39,20 @@ def _effect(c: Comparison) -> str:
 
 
 def sentence(c: Comparison) -> str:
-    """``"A better than B (seeds: p, effect [interval], wins; text: p, [interval])"``,
+    """``"A better than B (seeds: p, effect [interval], wins; sign flips: p; text: p,
+    [interval])"``,
     ``"A vs B: significant on this text, not across seeds (...)"`` (the text-sampling
     test's p_Holm < 0.05) or ``"A vs B: not separated (...)"``; both p-values
     Holm-corrected."""
-    draws = ", Monte Carlo" if c.seeds > EXACT_SEEDS else ""
     seeds = (
-        f"seeds: p_Holm = {c.p_seed_holm:.2g} (p = {c.p_seed:.2g}; smallest possible with "
-        f"{c.seeds} seed{'s' * (c.seeds != 1)}: {c.seed_floor:.2g}{draws}), {_effect(c)} "
-        f"{_interval(c, c.seed_low, c.seed_high)}, better in {c.wins}/{c.seeds} seeds"
+        f"seeds: p_Holm = {c.p_seed_holm:.2g} (mixed model, {c.seed_df:.1f} df), "
+        f"{_effect(c)} {_interval(c, c.seed_low, c.seed_high)}, better in "
+        f"{c.wins}/{c.seeds} seeds"
     )
+    at = " (its floor)" if c.p_flip <= c.flip_floor * (1 + 1e-9) else ""
+    flips = f"sign flips: p = {c.p_flip:.2g}{at}, uncorrected"
     text = f"text: {_p(c.p_holm, c.p, c.text_floor, c.units > EXACT_UNITS)}"
-    detail = f"{seeds}; {text}, {_interval(c, c.low, c.high)}"
+    detail = f"{seeds}; {flips}; {text}, {_interval(c, c.low, c.high)}"
     if c.separated:
         return f"{c.first} better than {c.second} ({detail})"
     if c.p_holm < 0.05:
@@ -70,7 +71,15 @@ def pairwise_lines(results: dict, comparisons: list[Comparison]) -> list[str]:
     if not comparisons:
         return []
     units = "segments" if results["metric"] == "ppl" else "examples"
-    within = "held-out files (their segments together)" if units == "segments" else units
+    model = (
+        "A mixed-effects model of the per-(seed, file) mean differences with seeds and "
+        "held-out files as crossed random effects (every seed is scored on the same "
+        "files; ANOVA variance components, Satterthwaite's degrees of freedom): it "
+        "generalises to other training seeds and other files of this kind."
+        if units == "segments"
+        else "Each seed draws its own examples, so the mixed model's test is the t-test "
+        "of the per-seed mean differences on S - 1 degrees of freedom."
+    )
     effect = (
         "perplexity ratio (exp of the mean per-byte loss difference)"
         if results["metric"] == "ppl"
@@ -78,22 +87,24 @@ def pairwise_lines(results: dict, comparisons: list[Comparison]) -> list[str]:
     )
     seeds = len(results["seeds"])
     lines = [
-        f"Pairwise tests, every pair at every length; effect: {effect}. Two tests, each "
+        f"Pairwise tests, every pair at every length; effect: {effect}. Three tests, each "
         f"Holm-corrected over all {len(comparisons)} comparisons of this report:",
         "",
-        "- **Seed level** (the claims): the training run is the unit. An exact sign-flip "
-        "test over the per-seed mean differences (every one of the 2^S sign patterns), "
-        f"with its 95 % interval from a hierarchical bootstrap over seeds, then {within} "
-        f"inside each drawn seed. With S seeds its p cannot go below 2/2^S ({seeds} "
-        f"seed{'s' * (seeds != 1)} here: {2 / 2**seeds:.2g}); after Holm over m "
-        "comparisons a claim needs 2m/2^S < 0.05.",
+        f"- **Seed level** (the claims): the training run is the unit. {model} Its "
+        "p-value and 95 % interval come from Student's t, so they have no floor; it "
+        "assumes normal seed effects.",
+        "- **Sign flips over seeds**, the check that assumes nothing: an exact test over "
+        "the per-seed mean differences (every one of the 2^S sign patterns). With S seeds "
+        f"its p cannot go below 2/2^S ({seeds} seed{'s' * (seeds != 1)} here: "
+        f"{2 / 2**seeds:.2g}), so it confirms a direction but cannot rank claims; its p "
+        "is shown uncorrected.",
         f"- **Text sampling**: a sign-flip test over (seed, {units[:-1]}) pairs (exact, or "
         f"{PERMUTATIONS:,} random flips) with a bootstrap over seeds and {units}. It takes "
         "the trained models as given: it says whether these models differ on this text, "
         "not whether another training seed would order them the same way, so it separates "
         "pairs whose per-seed differences change sign.",
         "",
-        "'Better than' needs the seed-level p_Holm < 0.05 and a seed-level interval that "
+        "'Better than' needs the mixed model's p_Holm < 0.05 and an interval that "
         "excludes no difference. The table's intervals include which text was sampled, so "
         "they overlap even where the paired tests separate two rows.",
         "",

@@ -3,9 +3,10 @@ from the per-segment losses (text) or per-example outcomes (tasks) a run records
 
 Shapes: ``S`` seeds, ``J`` units per seed. Each pair gets two tests:
 
-* **seed level** (``posenc.lab.seedlevel``), the one a claim states: the exact sign-flip
-  test over the per-seed mean differences and the hierarchical bootstrap interval over
-  seeds, then files (text) or examples (tasks) within them;
+* **seed level** (``posenc.lab.seedlevel``), the one a claim states: the mixed-effects
+  model's test and interval, with the training seed (and, for text, the held-out file)
+  as random effects, and beside it the exact sign-flip test over the per-seed mean
+  differences, which assumes nothing and cannot go below ``2 / 2**S``;
 * **text sampling** (``posenc.lab.significance``): the sign-flip test over (seed, unit)
   pairs and a bootstrap over seeds and units; it takes the trained models as given and
   measures how far the evaluation text could move the comparison.
@@ -53,10 +54,13 @@ class Comparison:
         p: the text-sampling test's two-sided p-value; ``p_holm``: Holm-corrected.
         wins, seeds: seeds in which ``first`` beats ``second``; seeds with both.
         units: paired units tested (seeds x segments or examples).
-        p_seed, p_seed_holm: the seed-level test's p-value, and Holm-corrected.
-        seed_low, seed_high: the effect's hierarchical bootstrap interval.
-        seed_floor, text_floor: the smallest p each test can give (``2 / 2**S``;
-            ``2 / 2**n`` exact or ``1 / (1 + R)`` random flips).
+        p_seed, p_seed_holm: the mixed model's p-value, and Holm-corrected.
+        seed_low, seed_high: the effect's 95 % interval from the mixed model.
+        seed_df: the mixed model's degrees of freedom.
+        p_flip: the sign-flip test over seeds (uncorrected: with few seeds its floor
+            times the number of comparisons exceeds 1).
+        flip_floor, text_floor: the smallest p each permutation test can give
+            (``2 / 2**S``; ``2 / 2**n`` exact or ``1 / (1 + R)`` random flips).
     """
 
     length: str
@@ -73,11 +77,13 @@ class Comparison:
     p_seed: float = 1.0
     seed_low: float = 0.0
     seed_high: float = 0.0
+    seed_df: float = 0.0
+    p_flip: float = 1.0
     p_holm: float = 1.0
     p_seed_holm: float = 1.0
 
     @property
-    def seed_floor(self) -> float:
+    def flip_floor(self) -> float:
         return seedlevel.floor(self.seeds)
 
     @property
@@ -91,7 +97,7 @@ class Comparison:
 
     @property
     def separated(self) -> bool:
-        """Seed level: Holm-corrected ``p < 0.05`` and a hierarchical interval that
+        """Seed level: the mixed model's Holm-corrected ``p < 0.05`` and an interval that
         excludes no difference."""
         return self.p_seed_holm < 0.05 and not self.seed_low <= self._null <= self.seed_high
 
@@ -107,7 +113,7 @@ class Comparison:
             **self.__dict__,
             "separated": self.separated,
             "text_separated": self.text_separated,
-            "seed_floor": self.seed_floor,
+            "flip_floor": self.flip_floor,
             "text_floor": self.text_floor,
         }
 
@@ -162,10 +168,13 @@ def compare_all(results: dict) -> list[Comparison]:
                 if found is not None:
                     out.append(found)
     p = _grouped(out, lambda d: d.ravel(), sign_flip_tests)
-    p_seed = _grouped(out, lambda d: d.mean(1), seedlevel.seed_sign_flip_tests)
+    p_flip = _grouped(out, lambda d: d.mean(1), seedlevel.seed_sign_flip_tests)
+    p_seed = holm([c.p_seed for c, _ in out])
+    tests = zip(out, p, holm(p), p_seed, p_flip, strict=True)
+    fields = ("p", "p_holm", "p_seed_holm", "p_flip")
     return [
-        Comparison(**{**c.__dict__, "p": pi, "p_holm": ph, "p_seed": ps, "p_seed_holm": psh})
-        for (c, _), pi, ph, ps, psh in zip(out, p, holm(p), p_seed, holm(p_seed), strict=True)
+        Comparison(**{**c.__dict__, **dict(zip(fields, values, strict=True))})
+        for (c, _), *values in tests
     ]
 
 
@@ -201,7 +210,8 @@ def _compare(
         effect, statistic = 100 * diff.mean(), lambda m: 100 * m.mean(1)
         low, high = bootstrap(diff, statistic, crossed=False)
         wins = int(np.sum(per_seed > 0))
-    seed_low, seed_high = seedlevel.hierarchical_bootstrap(diff, statistic, groups=groups)
+    model = seedlevel.mixed_model_test(diff, groups=groups, crossed=text)
+    seed_low, seed_high = (float(statistic(np.array([[v]]))[0]) for v in (model.low, model.high))
     found = Comparison(
         length=length,
         first=a,
@@ -214,8 +224,10 @@ def _compare(
         wins=wins,
         seeds=len(seeds),
         units=diff.size,
+        p_seed=model.p,
         seed_low=seed_low,
         seed_high=seed_high,
+        seed_df=model.df,
     )
     return found, diff
 
