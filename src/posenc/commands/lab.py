@@ -160,7 +160,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--profile",
         choices=PROFILES,
-        help="'default': the fixed budget (under 10 minutes on 2 cores); 'thorough': text "
+        help="'default': the fixed budget (about 15 minutes on 2 quiet cores); 'thorough': text "
         f"trains {thorough['steps']} steps, then until the validation loss plateaus, at most "
         f"{thorough['max_steps']} (several times the default's cost)",
     )

@@ -67,8 +67,9 @@ __all__ = [
 DEFAULT_ENCODINGS = ("nope", "sinusoidal", "learned", "rope", "alibi", "t5")
 #: The encodings of ``--quick``.
 QUICK_ENCODINGS = ("nope", "rope", "alibi")
-#: Seeds of the default sweep: six, the fewest whose exact seed-level test can give
-#: p < 0.05 (2 / 2**6; ``posenc.lab.seedlevel``), about 9 minutes on 2 quiet cores.
+#: Seeds of the default sweep: six, the fewest whose assumption-free sign-flip check
+#: over seeds can give p < 0.05 (2 / 2**6), with five degrees of freedom or more for the
+#: mixed model the claims state (``posenc.lab.seedlevel``); 14.5 minutes on 2 quiet cores.
 DEFAULT_SEEDS = (0, 1, 2, 3, 4, 5)
 #: Upper bounds of the lab's sizes. It trains tiny models on a CPU in minutes; a value
 #: past these (a typo, a hostile sweep file) would exhaust memory or run for days.
