@@ -87,8 +87,9 @@ def pairwise_lines(results: dict, comparisons: list[Comparison]) -> list[str]:
     )
     seeds = len(results["seeds"])
     lines = [
-        f"Pairwise tests, every pair at every length; effect: {effect}. Three tests, each "
-        f"Holm-corrected over all {len(comparisons)} comparisons of this report:",
+        f"Pairwise tests, every pair at every length; effect: {effect}. Three tests; the "
+        f"first and the last are Holm-corrected over all {len(comparisons)} comparisons "
+        "of this report:",
         "",
         f"- **Seed level** (the claims): the training run is the unit. {model} Its "
         "p-value and 95 % interval come from Student's t, so they have no floor; it "
