@@ -92,8 +92,15 @@ def test_what_is_not_established():
     pi = [pair(r, 1024, "rope", "rope +linear") for r in (CODE, PROSE)]
     ft = [pair(r, 1024, "rope +ft", "rope +linear +ft") for r in (CODE, PROSE)]
     assert not any(c["separated"] for c in pi + ft)
-    _said(f"(p_Holm = {pi[0]['p_seed_holm']:.2g} on code, {pi[1]['p_seed_holm']:.2g} on prose)")
-    _said(f"at 16x ({ft[0]['p_seed_holm']:.2g}, {ft[1]['p_seed_holm']:.2g})")
+    _said(
+        f"(p_Holm = {pi[0]['p_seed_holm']:.2g} on code, {pi[1]['p_seed_holm']:.2g} on prose; "
+        f"and {ft[0]['p_seed_holm']:.2g}, {ft[1]['p_seed_holm']:.2g})"
+    )
+    for record in (CODE, PROSE):
+        for n in (128, 256):
+            assert pair(record, n, "rope", "rope +linear")["separated"]
+        for n in (64, 128, 256):
+            assert pair(record, n, "rope +ft", "rope +linear +ft")["separated"]
 
 
 @pytest.mark.parametrize("record", [POS_CODE, POS_PROSE])
