@@ -56,7 +56,8 @@ def sentence(c: Comparison) -> str:
     if c.separated:
         return f"{c.first} better than {c.second} ({detail})"
     if c.p_holm < 0.05:
-        return f"{c.first} vs {c.second}: significant on this text, not across seeds ({detail})"
+        on = "this text" if c.metric == "ppl" else "these examples"
+        return f"{c.first} vs {c.second}: significant on {on}, not across seeds ({detail})"
     return f"{c.first} vs {c.second}: not separated ({detail})"
 
 
@@ -71,6 +72,9 @@ def pairwise_lines(results: dict, comparisons: list[Comparison]) -> list[str]:
     if not comparisons:
         return []
     units = "segments" if results["metric"] == "ppl" else "examples"
+    on, sampled = (
+        ("this text", "text was") if units == "segments" else ("these examples", "examples were")
+    )
     model = (
         "A mixed-effects model of the per-(seed, file) mean differences with seeds and "
         "held-out files as crossed random effects (every seed is scored on the same "
@@ -101,13 +105,13 @@ def pairwise_lines(results: dict, comparisons: list[Comparison]) -> list[str]:
         "is shown uncorrected.",
         f"- **Text sampling**: a sign-flip test over (seed, {units[:-1]}) pairs (exact, or "
         f"{PERMUTATIONS:,} random flips) with a bootstrap over seeds and {units}. It takes "
-        "the trained models as given: it says whether these models differ on this text, "
+        f"the trained models as given: it says whether these models differ on {on}, "
         "not whether another training seed would order them the same way, so it separates "
         "pairs whose per-seed differences change sign.",
         "",
         "'Better than' needs the mixed model's p_Holm < 0.05 and an interval that "
-        "excludes no difference. The table's intervals include which text was sampled, so "
-        "they overlap even where the paired tests separate two rows.",
+        f"excludes no difference. The table's intervals include which {sampled} sampled, "
+        "so they overlap even where the paired tests separate two rows.",
         "",
     ]
     train_len = results["config"]["train_len"]
@@ -119,7 +123,7 @@ def pairwise_lines(results: dict, comparisons: list[Comparison]) -> list[str]:
         text = sum(c.p_holm < 0.05 for c in here)
         lines += [
             f"At {n} ({_where(n, train_len)}), {split} of {len(here)} pairs separated across "
-            f"seeds ({text} significant on this text):",
+            f"seeds ({text} significant on {on}):",
             "",
         ]
         here.sort(key=lambda c: (not c.separated, c.p_holm >= 0.05, c.p_seed, c.p_holm))
