@@ -35,6 +35,7 @@ from posenc.lab.significance import (
 )
 
 __all__ = [
+    "DERIVED",
     "Comparison",
     "cell_interval",
     "compare_all",
@@ -119,7 +120,7 @@ class Comparison:
 
 
 #: Rows derived at evaluation time; at or below the training length they are their model.
-_DERIVED = ("scaling", "interpolate")
+DERIVED = ("scaling", "interpolate")
 
 
 def unit_rows(results: dict) -> dict[str, dict[str, dict[int, np.ndarray]]]:
@@ -160,7 +161,7 @@ def compare_all(results: dict) -> list[Comparison]:
         labels = [
             label
             for label, cells in table.items()
-            if length in cells and not (n <= train_len and kinds[label] in _DERIVED)
+            if length in cells and not (n <= train_len and kinds[label] in DERIVED)
         ]
         for i, a in enumerate(labels):
             for b in labels[i + 1 :]:

@@ -21,13 +21,13 @@ from pathlib import Path
 
 from posenc.lab import panels, stats
 from posenc.lab.curves import LEARNING, curves, draw_learning
+from posenc.lab.pairwise import DERIVED
 from posenc.lab.results import write_bytes
 from posenc.palette import style, styles
 
 __all__ = ["draw_all", "figure_names"]
 
 _DODGE = 0.05  # log2 units between neighbouring rows of a panel at one length
-_DERIVED = ("scaling", "interpolate")  # rows evaluated from a trained model, not trained
 
 
 def _has_positions(results: dict) -> bool:
@@ -110,7 +110,7 @@ def _unlearned(results: dict) -> dict[str, list[str]]:
 def _drawn_at(row, n: int, config: dict) -> bool:
     """Whether ``row`` has a point at length ``n`` (a derived row equals its model up to
     the training length: drawn once there, by the model's row)."""
-    derived = row.kind in _DERIVED and n <= config["train_len"]
+    derived = row.kind in DERIVED and n <= config["train_len"]
     return not derived and row.cells[str(n)].mean is not None
 
 

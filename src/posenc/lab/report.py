@@ -27,6 +27,7 @@ from posenc.lab.compute import compute_lines
 from posenc.lab.curves import budget_sentence, stop_sentence
 from posenc.lab.pairwise import Comparison, cell_interval, compare_all, unit_rows
 from posenc.lab.plots import figure_names
+from posenc.lab.tokenlevel import token_lines
 
 __all__ = [
     "conclusions",
@@ -309,6 +310,7 @@ def markdown(results: dict, comparisons: list[Comparison] | None = None) -> str:
         *(f"- {sentence}" for sentence in conclusions(results, comparisons if tested else None)),
         "",
         *pairwise_lines(results, comparisons),
+        *(token_lines(results) if results["metric"] == "accuracy" else []),
         *compute_lines(results),
     ]
     lines += [f"![{name}]({name})" for name in figure_names(results)]
