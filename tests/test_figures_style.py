@@ -220,6 +220,8 @@ def test_lab_length_figure_draws_seeds_and_names_unlearned_runs(lab_figures):
     biases = next(ax for ax in axes if ax.get_title() == "attention biases")
     rows = _rows(biases)
     assert "t5: not learned (seed 1)" in rows and len(set(rows.values())) == len(rows)
+    labels = biases.get_legend_handles_labels()[1]
+    assert len(labels) == len(set(labels))  # t5 learned in one seed, not in another: once each
     points = [line for ax in axes for line in ax.get_lines() if line.get_markersize() < 4]
     assert points and all(len(line.get_ydata()) == 2 for line in points)  # seeds' values
     derived = [c for ax in axes for c in ax.containers if c.get_label() == "rope +linear"]

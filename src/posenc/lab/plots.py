@@ -176,7 +176,7 @@ def _length_figure(results: dict, out: Path, plt) -> Path:
     config, metric = results["config"], results["metric"]
     table = {row.label: row for row in stats.rows(results)}
     unlearned = _unlearned(results)
-    groups = panels.by_panel([*table, *unlearned])
+    groups = panels.by_panel(dict.fromkeys([*table, *unlearned]))  # a row can be both
     shown: dict = {}
     values = [c.mean for r in table.values() for c in r.cells.values() if c.mean]
     shared = metric != "ppl" or not values or panels.shares(min(values), max(values), log=True)
