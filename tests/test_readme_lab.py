@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from posenc.lab import stats
+from posenc.lab.tokenlevel import token_comparisons
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -144,3 +145,24 @@ def test_positions_numbers():
         if pair(r, n, "fope", "rope")["separated"]
     ]
     assert fope == [(POS_PROSE, 512)]  # "FoPE only at 8x on prose"
+
+
+def _tokens(task: str) -> list:
+    return token_comparisons(_results(f"r10-tasks/{task}"))
+
+
+def test_tasks_claims():
+    for task in ("copy", "reverse", "recall", "addition", "sort"):
+        assert f"(runs-recorded/r10-tasks/{task}/report.md)" in README
+    assert not any(run.get("learned") for run in _results("r10-tasks/addition")["runs"])
+    _said("none learns addition")
+    _said("NoPE and T5 lead on sort, ahead of ALiBi and RoPE")
+    sort = {(c.length, c.first, c.second): c for c in _tokens("sort")}
+    for n in ("64", "96", "128"):
+        for lead in ("nope", "t5"):
+            for behind in ("alibi", "rope"):
+                c = sort[n, lead, behind]
+                assert c.separated and c.wins == c.seeds == 6
+    copy = [c for c in _tokens("copy") if c.length in ("64", "96", "128")]
+    against = [c for c in copy if "alibi" in (c.first, c.second)]
+    assert against and all(c.first == "alibi" and c.separated and c.wins == 6 for c in against)
