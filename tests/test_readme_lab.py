@@ -6,7 +6,6 @@ separated and how many seeds agree."""
 from __future__ import annotations
 
 import json
-import re
 from functools import cache
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from posenc.lab.tokenlevel import token_comparisons
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 CODE, PROSE = "r10-thorough-stdlib", "r10-thorough-fortunes"
-POS_CODE, POS_PROSE = "r8-positions-stdlib", "r8-positions-fortunes"
+POS_CODE, POS_PROSE = "r10-positions-stdlib", "r8-positions-fortunes"
 
 
 @cache
@@ -110,41 +109,45 @@ def test_stick_breaking_then_fox_lowest_in_every_seed(record):
     for who, above in (("stick_breaking", ()), ("fox", ("stick_breaking",))):
         mine = [c for c in found if who in (c["first"], c["second"])]
         mine = [c for c in mine if not {c["first"], c["second"]} & set(above)]
-        assert all(c["first"] == who and c["wins"] == c["seeds"] == 3 for c in mine)
+        assert all(c["first"] == who and c["wins"] == c["seeds"] for c in mine)
+    assert len(_results(record)["seeds"]) == (6 if record == POS_CODE else 3)
+
+
+def _at(record: str, n: int) -> list[dict]:
+    return [c for c in _results(record)["comparisons"] if c["length"] == str(n)]
 
 
 def test_positions_numbers():
-    sb, fox = "stick_breaking", "fox"
-    _said(f"stick-breaking ({cell(POS_CODE, sb, 1024)}, {cell(POS_PROSE, sb, 1024)} at 1024)")
+    sb, fox, lens = "stick_breaking", "fox", (64, 128, 256, 512, 1024)
+    _said(f"({cell(POS_CODE, sb, 1024)} on code, {cell(POS_PROSE, sb, 1024)} on prose at 1024)")
     _said(f"then FoX ({cell(POS_CODE, fox, 1024)}, {cell(POS_PROSE, fox, 1024)})")
+    for n in lens:  # code, 6 seeds: stick-breaking separated from every row
+        assert all(c["separated"] for c in _at(POS_CODE, n) if sb in (c["first"], c["second"]))
+    for n in lens[1:]:  # FoX from every row but stick-breaking, from 2x
+        mine = [c for c in _at(POS_CODE, n) if c["first"] == fox]
+        assert len(mine) == 5 and all(c["separated"] for c in mine)
+    assert not all(c["separated"] for c in _at(POS_CODE, 64) if c["first"] == fox)
+    path = [pair(POS_CODE, n, "path", "alibi") for n in lens]
+    assert all(c["separated"] for c in path[:4]) and not path[4]["separated"]
+    _said(f"(at 16x p_Holm = {path[4]['p_seed_holm']:.2g})")
+    fope = [pair(POS_CODE, n, "fope", "rope") for n in (256, 512, 1024)]
+    assert all(c["wins"] == 6 and not c["separated"] for c in fope)
+    _said(f"(p_Holm ≥ {min(c['p_seed_holm'] for c in fope):.2g})")
     for record in (POS_CODE, POS_PROSE):
-        counts = []
-        for n in _results(record)["config"]["eval_lens"]:
-            mine = [c for c in _results(record)["comparisons"] if c["length"] == str(n)]
-            counts.append(sum(c["first"] == sb and c["separated"] for c in mine))
-        at = "on code" if record == POS_CODE else "on prose"
-        match = re.search(rf"(\d+)-(\d+)(?: of the other rows at each length)? {at}", README)
-        assert match and (int(match[1]), int(match[2])) == (min(counts), max(counts))
-    prose = [pair(POS_PROSE, n, sb, fox) for n in (64, 128, 256, 512, 1024)]
-    code = [pair(POS_CODE, n, sb, fox) for n in (64, 128, 256, 512, 1024)]
-    assert all(c["separated"] for c in prose) and not any(c["separated"] for c in code)
-    _said(f"(p_Holm ≤ {max(c['p_seed_holm'] for c in prose):.2g})")
-    for record in (POS_CODE, POS_PROSE):
-        for n in (64, 128, 256, 512, 1024):
-            assert not pair(record, n, "path", "alibi")["separated"]
         rope = [
             c
             for c in _results(record)["comparisons"]
             if {"p_rope", "rope"} == {c["first"], c["second"]}
         ]
         assert rope and not any(c["separated"] for c in rope)
-    fope = [
-        (r, n)
-        for r in (POS_CODE, POS_PROSE)
-        for n in (256, 512, 1024)
-        if pair(r, n, "fope", "rope")["separated"]
-    ]
-    assert fope == [(POS_PROSE, 512)]  # "FoPE only at 8x on prose"
+    counts = [sum(c["first"] == sb and c["separated"] for c in _at(POS_PROSE, n)) for n in lens]
+    _said(f"separates stick-breaking from {min(counts)}-{max(counts)} of the other rows")
+    prose = [pair(POS_PROSE, n, sb, fox) for n in lens]
+    assert all(c["separated"] for c in prose)
+    _said(f"(p_Holm ≤ {max(c['p_seed_holm'] for c in prose):.2g})")
+    assert not any(pair(POS_PROSE, n, "path", "alibi")["separated"] for n in lens)
+    fope = [n for n in (256, 512, 1024) if pair(POS_PROSE, n, "fope", "rope")["separated"]]
+    assert fope == [512]  # "FoPE only at 8x"
 
 
 def _tokens(task: str) -> list:
