@@ -396,3 +396,18 @@ def test_identity_check_names_the_differences(tmp_path):
     write_json(tmp_path / "runs" / "x.json", {"a": 1})
     assert json.loads((tmp_path / "runs" / "x.json").read_text()) == {"a": 1}
     assert not list(tmp_path.rglob("*.tmp"))
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(_JSON)
+def test_written_json_reads_back_exactly_with_number_arrays_on_one_line(tmp_path_factory, obj):
+    path = tmp_path_factory.mktemp("json") / "x.json"
+    write_json(path, {"data": obj, "losses": [0.5, -1e-07, 3]})
+    assert json.loads(path.read_text()) == {"data": obj, "losses": [0.5, -1e-07, 3]}
+    assert '"losses": [0.5, -1e-07, 3]' in path.read_text()  # one line, not one per number

@@ -23,6 +23,7 @@ import io
 import json
 import os
 import platform
+import re
 import stat
 import sys
 import tempfile
@@ -127,9 +128,18 @@ def _read_json(path: Path) -> object:
         raise ValueError(f"{str(path)!r} is not valid JSON ({exc}); move it away") from None
 
 
+#: An indented JSON array of numbers only: its brackets open and close lines, and a raw
+#: newline never occurs inside a JSON string, so no string's text can match.
+_NUMBERS = re.compile(r"\[\n\s*([-+0-9.eE,\s]+?)\n\s*\]")
+
+
 def write_json(path: Path, obj: object) -> None:
-    """Write ``obj`` as indented JSON to ``path`` atomically."""
-    write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+    """Write ``obj`` as indented JSON to ``path`` atomically, each array of numbers on one
+    line (a run's per-segment losses would otherwise take a line per number, doubling a
+    record's size)."""
+    text = json.dumps(obj, indent=2, sort_keys=False)
+    text = _NUMBERS.sub(lambda m: "[" + ", ".join(v.strip() for v in m[1].split(",")) + "]", text)
+    write_text(path, text + "\n")
 
 
 def check_identity(out: Path, identity: dict[str, object]) -> None:
