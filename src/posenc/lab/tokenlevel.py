@@ -80,16 +80,13 @@ def _labels(results: dict) -> dict[str, list[bool]]:
 def token_comparisons(results: dict) -> list[TokenComparison]:
     """Every pair of rows at every length with two or more common seeds; up to the
     training length, rows derived at evaluation time are left out (they are their model)."""
-    values = _values(results)
+    values, every = _values(results), list(_labels(results))
     kinds = {row["label"]: row["kind"] for run in results["runs"] for row in run["rows"]}
     found = []
     for n in results["config"]["eval_lens"]:
         length = str(n)
-        labels = [
-            label
-            for label in _labels(results)
-            if not (n <= results["config"]["train_len"] and kinds[label] in DERIVED)
-        ]
+        derived_too = n > results["config"]["train_len"]
+        labels = [label for label in every if derived_too or kinds[label] not in DERIVED]
         for a, b in itertools.combinations(labels, 2):
             va, vb = values.get((a, length), {}), values.get((b, length), {})
             seeds = sorted(set(va) & set(vb))
