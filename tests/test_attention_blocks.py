@@ -10,6 +10,7 @@ import torch
 import posenc
 from conftest import tolerances
 from posenc import MultiHeadAttention
+from posenc.attention import blocks
 from posenc.attention.backends import Masking, attend, peak_tensor_bytes
 
 OFFSET = ["alibi", "t5", "kerple", "sandwich"]
@@ -174,3 +175,53 @@ def test_double_backward_through_dropout_raises():
     layer(x).sum().backward()  # an ordinary backward replays the dropout: fine
     with pytest.raises(RuntimeError, match="dropout"):
         torch.autograd.grad(layer(x).sum(), x, create_graph=True)
+
+
+def _fresh_table(position, q, k, masking):
+    """The table built anew (the cache emptied first)."""
+    blocks._TABLES.pop(position, None)
+    return blocks.offset_table(position, q, k, masking)
+
+
+@pytest.mark.parametrize("name", ["alibi", "t5", "kerple", "sandwich"])
+def test_offset_table_is_reused_until_the_encoding_changes(name):
+    position = _encoding(name)
+    q, k, _ = _qkv(1, 24)
+    pos = torch.arange(24)
+    masking = Masking(True, pos, pos, aligned=True)
+    with torch.no_grad():
+        first = _fresh_table(position, q, k, masking)
+        assert blocks.offset_table(position, q, k, masking) is first  # reused
+        shorter = blocks.offset_table(position, q[..., :20, :], k[..., :20, :], masking)
+        assert shorter.values.shape[-1] == 39  # another length: built for it
+        for p in position.parameters():  # an in-place change, as an optimizer step makes
+            p.mul_(1.5).add_(0.25)
+        changed = blocks.offset_table(position, q, k, masking)
+    assert changed is not first
+    torch.testing.assert_close(changed.values, _fresh_table(position, q, k, masking).values)
+
+
+def test_offset_table_follows_a_changed_attribute():
+    position = _encoding("alibi")
+    q, k, _ = _qkv(1, 16)
+    pos = torch.arange(16)
+    masking = Masking(False, pos, pos, aligned=True)  # later keys: the bias reads `causal`
+    with torch.no_grad():
+        before = blocks.offset_table(position, q, k, masking).values
+        position.causal = False  # a plain attribute
+        after = blocks.offset_table(position, q, k, masking).values
+    assert not torch.equal(before, after)
+    torch.testing.assert_close(after, _fresh_table(position, q, k, masking).values)
+
+
+def test_offset_table_with_gradients_is_built_every_call():
+    position = _encoding("t5")
+    q, k, v = _qkv(1, 16)
+    pos = torch.arange(16)
+    masking = Masking(True, pos, pos, aligned=True)
+    blocks._TABLES.pop(position, None)
+    first = blocks.offset_table(position, q, k, masking)
+    assert first.values.requires_grad and position not in blocks._TABLES
+    out = attend(q, k, v, position=position, masking=masking, backend="chunked")
+    out.sum().backward()
+    assert all(p.grad is not None for p in position.parameters())

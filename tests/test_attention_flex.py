@@ -171,16 +171,25 @@ def calls(monkeypatch):
 def test_auto_picks_flex_for_long_float32_inference(calls):
     x = torch.randn(1, T, C)
     with torch.no_grad():
-        _layer("alibi", "auto")(x)
+        _layer("fire", "auto")(x)
         assert calls == [1]
-        _layer("alibi", "auto")(x[:, : T - 1])  # below the threshold: chunked
+        _layer("fire", "auto")(x[:, : T - 1])  # below the threshold: chunked
     assert calls == [1]
+
+
+@pytest.mark.parametrize("name", ["alibi", "t5", "kerple", "sandwich"])
+def test_auto_keeps_offset_biases_on_the_table_path(calls, name):
+    """An offset-only bias is read as a view of one row per head by SDPA, faster than
+    FlexAttention at every length and with nothing to compile."""
+    with torch.no_grad():
+        _layer(name, "auto")(torch.randn(1, T, C))
+    assert calls == []
 
 
 @pytest.mark.parametrize("case", ["grad", "float64", "cache", "padding", "sinks"])
 def test_auto_keeps_the_chunked_path_where_flex_does_not_apply(calls, case):
     torch.manual_seed(0)
-    layer = MultiHeadAttention(C, H, position="alibi", sinks=case == "sinks").eval()
+    layer = MultiHeadAttention(C, H, position="fire", sinks=case == "sinks").eval()
     layer.to(torch.float64 if case == "float64" else torch.float32)
     x = torch.randn(1, T, C, dtype=torch.float64 if case == "float64" else torch.float32)
     kwargs = {}

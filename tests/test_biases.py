@@ -15,7 +15,7 @@ import posenc
 from conftest import tolerances
 from posenc import FIRE, KERPLE, CoPE, Sandwich, ShawRelativePosition
 from posenc.encodings.cope import cope_positions
-from posenc.encodings.fire import fire_bias
+from posenc.encodings.fire import _grid_score_mod, fire_bias
 from posenc.reference import cope_bias as ref_cope
 from posenc.reference import fire_bias as ref_fire
 from posenc.reference import kerple_bias as ref_kerple
@@ -463,3 +463,77 @@ def test_cope_bad_input_raises():
     with pytest.raises(ValueError, match=r"q \(1, 2, 3, 8\) and k \(1, 1, 3, 8\)"):
         enc.score_bias(q, k[:, :1], torch.arange(3), torch.arange(3))
     assert isinstance(enc.pos_emb, nn.Parameter)
+
+
+@given(
+    hidden=st.integers(1, 12),
+    seed=st.integers(0, 2**31 - 1),
+    tie=st.booleans(),
+    flat=st.booleans(),
+)
+def test_fire_piecewise_form_equals_the_mlp(hidden, seed, tie, flat):
+    """``FIRE.piecewise``: the ReLU MLP of a scalar as slopes and intercepts between its
+    breaks, equal to the MLP everywhere (ties between units and units with no slope
+    included), in float64."""
+    enc = FIRE(3, hidden=hidden).double()
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in enc.mlp.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64))
+        w1, b1 = enc.mlp[0].weight[:, 0], enc.mlp[0].bias
+        if tie and hidden > 1:  # two units turning at the same input
+            w1[1], b1[1] = 2 * w1[0], 2 * b1[0]
+        if flat:
+            w1[-1] = 0.0
+    breaks, slopes, intercepts = enc.piecewise()
+    u = torch.cat((torch.linspace(-4, 4, 401, dtype=torch.float64), breaks))
+    piece = torch.searchsorted(breaks, u)  # breaks[piece - 1] < u <= breaks[piece]
+    got = slopes[:, piece] * u + intercepts[:, piece]  # [H, N]
+    want = enc.mlp(u[:, None]).T
+    torch.testing.assert_close(got, want, **tolerances(torch.float64, ops=64 * hidden))
+
+
+@pytest.mark.parametrize("length", [16, 700])
+@pytest.mark.parametrize("causal", [True, False])
+def test_fire_grid_score_mod_equals_the_bias(length, causal):
+    """``FIRE.score_mod(length)`` (the MLP read piece by piece through a grid of its
+    input) adds the float64 bias at every index pair below ``length``."""
+    enc = FIRE(3, hidden=32, init_L=64.0)
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for p in enc.mlp.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen))
+    idx = torch.arange(length)
+    q_idx, kv_idx = (t.reshape(-1) for t in torch.meshgrid(idx, idx, indexing="ij"))
+    if causal:
+        keep = kv_idx <= q_idx
+        q_idx, kv_idx = q_idx[keep], kv_idx[keep]
+    c, threshold = enc.c.detach(), enc.threshold.detach()
+    assert _grid_score_mod(enc, length, c, threshold, torch.float32) is not None  # no fallback
+    mods = {"grid": enc.score_mod(length), "mlp": enc.score_mod()}
+    for h in range(3):
+        want = enc.double()._bias(q_idx.double(), kv_idx.double())[:, h]
+        enc.float()
+        for mod in mods.values():
+            got = _score_mod_bias(mod, h, q_idx, kv_idx)
+            torch.testing.assert_close(got.double(), want, **tolerances(torch.float32, ops=64))
+
+
+def _score_mod_bias(mod, head: int, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
+    """What ``mod`` adds to a zero score at head ``head`` for each index pair."""
+    zero, h = torch.zeros(()), torch.tensor(head)
+    return torch.vmap(lambda a, b: mod(zero, zero, h, a, b))(q_idx, kv_idx)
+
+
+def test_fire_grid_falls_back_to_the_mlp_when_breaks_crowd():
+    """Two breaks closer than the finest grid's cell: the MLP form, still exact."""
+    enc = FIRE(2, hidden=4)
+    with torch.no_grad():
+        enc.mlp[0].weight.copy_(torch.tensor([[1.0], [1.0], [-1.0], [2.0]]))
+        enc.mlp[0].bias.copy_(torch.tensor([-0.5, -0.5 - 1e-7, 0.25, -0.2]))
+    c, threshold = enc.c.detach(), enc.threshold.detach()
+    assert _grid_score_mod(enc, 64, c, threshold, torch.float32) is None
+    q_idx, kv_idx = torch.arange(64), torch.arange(64).flip(0) // 2
+    want = enc.double()._bias(q_idx.double(), kv_idx.double())
+    got = _score_mod_bias(enc.float().score_mod(64), 1, q_idx, kv_idx)
+    torch.testing.assert_close(got.double(), want[:, 1], **tolerances(torch.float32, ops=64))

@@ -153,7 +153,8 @@ def attend(
     _check_sinks(sinks, position, q.shape[1])
     if backend == "auto":
         backend = "chunked" if position.sites & (Site.SCORE | Site.VALUE) else "sdpa"
-        if backend == "chunked" and q.shape[-2] >= FLEX_MIN_LENGTH:
+        offset = getattr(position, "offset_only", False)  # the table path is faster
+        if backend == "chunked" and q.shape[-2] >= FLEX_MIN_LENGTH and not offset:
             backend = "auto-flex"  # flex if it applies to this call, else chunked
     max_band = None
     if backend in ("flex", "auto-flex"):
@@ -291,7 +292,7 @@ def _attend(
             )
             blk = (q_blk, k[..., num_k - limit :, :], v[..., num_k - limit :, :], table.values)
         outs.append(recompute(fn, *blk, dropout=dropout_p > 0) if grad else fn(*blk))
-    return torch.cat(outs, dim=-2)
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-2)
 
 
 def _kernel_parameters(position: PositionalEncoding) -> list[Tensor]:

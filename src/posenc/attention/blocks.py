@@ -25,6 +25,8 @@ kernels have a backward that is not itself differentiable (used for double backw
 
 from __future__ import annotations
 
+import itertools
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -173,14 +175,65 @@ def offset_table(
         return None
     if masking.key_padding_mask is not None or masking.q_seg is not None:
         return None
-    runs = consecutive_runs(masking.q_pos, masking.k_pos)
-    num_q, num_k, dim = q.shape[-2], k.shape[-2], q.shape[-1]
+    num_q, num_k = q.shape[-2], k.shape[-2]
+    if masking.aligned and not torch.compiler.is_compiling():  # positions 0..T-1: no sync
+        runs = (masking.q_pos.reshape(-1)[:num_q], masking.k_pos.reshape(-1)[:num_k])
+    else:
+        runs = consecutive_runs(masking.q_pos, masking.k_pos)
     if runs is None or num_q == 0 or num_k == 0:
         return None
     q_row, k_row = runs
-    offset = int(q_row[0]) - int(k_row[0])  # c
+    offset = 0 if masking.aligned else int(q_row[0]) - int(k_row[0])  # c
     if masking.causal and offset < 0:  # the first query would see no key
         return None
+    key = _cache_key(position, (offset, num_q, num_k, masking.causal, q.dtype, q.device))
+    cached = _TABLES.get(position) if key is not None else None
+    if cached is not None and cached[0] == key[0]:
+        return cached[2]
+    table = _build_offset_table(position, q, masking.causal, q_row, k_row, offset)
+    if key is not None:
+        _TABLES[position] = (key[0], key[1], table)
+    return table
+
+
+#: The last ``OffsetTable`` of each encoding, reused while nothing it depends on changed
+#: (``_cache_key``): a call of an encoding that serves many layers or steps at one length
+#: builds it once.
+_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _cache_key(position: PositionalEncoding, shape: tuple) -> tuple[tuple, tuple] | None:
+    """``(key, tensors)`` under which ``position``'s table for ``shape`` may be reused, or
+    None when it may not: a table that gradients flow through, or under ``torch.compile``.
+
+    The key holds the identity and version counter (bumped by every in-place change, an
+    optimizer step included) of every parameter, buffer and tensor attribute, and the
+    encoding's plain attributes; ``tensors`` keeps those tensors alive so that no identity is reused."""
+    attrs = vars(position)
+    held = (v for v in attrs.values() if isinstance(v, Tensor))  # e.g. ALiBi's slopes
+    tensors = tuple(itertools.chain(position.parameters(), position.buffers(), held))
+    if torch.compiler.is_compiling():
+        return None
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return None
+    try:
+        state = tuple((id(t), t._version) for t in tensors)
+    except RuntimeError:  # an inference tensor keeps no version counter
+        return None
+    plain = tuple((n, v) for n, v in attrs.items() if isinstance(v, (bool, int, float, str)))
+    return (shape, state, plain), tensors
+
+
+def _build_offset_table(
+    position: PositionalEncoding,
+    q: Tensor,
+    causal: bool,
+    q_row: Tensor,
+    k_row: Tensor,
+    offset: int,
+) -> OffsetTable:
+    """The ``OffsetTable`` of ``position`` for the runs ``q_row``, ``k_row``."""
+    num_q, num_k, dim = q_row.shape[-1], k_row.shape[-1], q.shape[-1]
     length = num_q + num_k - 1
     probe_k = k_row[-1] - torch.arange(length, device=k_row.device, dtype=k_row.dtype)
     zeros = q.new_zeros(1, 1, 1, dim)
@@ -190,7 +243,7 @@ def offset_table(
     )  # fmt: skip
     check_term("score_bias", bias, (1, q.shape[1], 1, length), position)
     values = bias[0, :, 0].to(q.dtype).clone(memory_format=torch.contiguous_format)
-    if masking.causal:  # negative offsets: a later key
+    if causal:  # negative offsets: a later key
         values[:, : max(num_k - 1 - offset, 0)] = float("-inf")
     return OffsetTable(values, num_k)
 

@@ -70,6 +70,7 @@ reach the row constant within the first band: the padding widens no band).
 from __future__ import annotations
 
 import functools
+import inspect
 
 import torch
 from torch import Tensor, nn
@@ -185,6 +186,8 @@ def flex_attend(
         values = offset_table(position, q, k, padded).values.detach()  # [H, 2 size - 1]
         band = _constant_tail_band(values[:, size - 1 :]) if masking.causal else None
         score_mod = _table_mod(values, size - 1) if band is None else _band_mod(band)
+    elif "length" in inspect.signature(position.score_mod).parameters:
+        score_mod = position.score_mod(length=size)  # tables up to the bucket (FIRE's)
     else:
         score_mod = position.score_mod()
     mask = _block_mask(size, length, 0, masking.causal, q.device.type)

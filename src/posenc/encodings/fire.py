@@ -157,14 +157,23 @@ class FIRE(PositionalEncoding):
         bias = self._bias(q_pos.unsqueeze(-1), k_pos.unsqueeze(-2)).movedim(-1, -3)
         return (bias if bias.dim() == 4 else bias.unsqueeze(0)).to(q.dtype)  # [B|1, H, Tq, Tk]
 
-    def score_mod(self) -> ScoreMod:
-        """FlexAttention ``score_mod`` adding this bias (query/key indices as positions).
+    def score_mod(self, length: int | None = None) -> ScoreMod:
+        """FlexAttention ``score_mod`` adding this bias (query/key indices as positions),
+        with the parameters as they are now (not trained through).
 
-        The MLP is written out for head ``h`` only (``hidden`` multiply-adds and ReLUs per
-        score, not ``hidden * H``), with the parameters as they are now (not trained
-        through)."""
+        With ``length`` (every index below it), the MLP is read as the piecewise-linear
+        function it is (``piecewise``) through a grid of its input (``_grid_score_mod``):
+        per score two table reads for the input, a cell and a comparison for the piece,
+        and one multiply-add, where the MLP costs ``hidden`` multiply-adds and ReLUs.
+        Without ``length``, or when two breakpoints share a cell of the finest grid, the
+        MLP is written out for head ``h`` (``hidden`` units per score, not ``hidden * H``).
+        """
         work = compute_dtype(self.c.dtype)
         c, threshold = self.c.detach().to(work), self.threshold.detach().to(work)
+        if length is not None:
+            fast = _grid_score_mod(self, length, c, threshold, work)
+            if fast is not None:
+                return fast
         first, last = self.mlp[0], self.mlp[2]
         w1, b1 = first.weight.detach()[:, 0].to(work), first.bias.detach().to(work)  # [hidden]
         w2, b2 = last.weight.detach().to(work), last.bias.detach().to(work)  # [H, hidden]
@@ -178,5 +187,73 @@ class FIRE(PositionalEncoding):
 
         return score_mod
 
+    def piecewise(self) -> tuple[Tensor, Tensor, Tensor]:
+        """The MLP ``f: R -> R^H`` as the piecewise-linear function it is (one hidden ReLU
+        layer of a scalar input), in float64: ``(breaks [S], slopes [H, S + 1],
+        intercepts [H, S + 1])`` with ``f(u) = slopes[:, s] * u + intercepts[:, s]`` for
+        ``breaks[s - 1] <= u <= breaks[s]`` (``breaks`` sorted and distinct: the inputs
+        ``-b1_k / w1_k`` at which a hidden unit turns on or off; ``f`` is continuous, so
+        either piece is exact at a break)."""
+        first, last = self.mlp[0], self.mlp[2]
+        w1 = first.weight.detach()[:, 0].double()
+        b1 = first.bias.detach().double()
+        w2, b2 = last.weight.detach().double(), last.bias.detach().double()
+        moving = w1 != 0
+        at = torch.where(moving, -b1 / torch.where(moving, w1, 1.0), 0.0)  # [hidden]
+        breaks = torch.unique(at[moving])  # sorted, distinct
+        rank = torch.searchsorted(breaks, at)  # [hidden]: the break of each moving unit
+        piece = torch.arange(len(breaks) + 1, device=w1.device)[:, None]  # [S + 1, 1]
+        on = torch.where(w1 > 0, rank < piece, rank >= piece)  # [S + 1, hidden]
+        on = torch.where(moving, on, b1 > 0).double()  # a constant unit: on iff b1 > 0
+        slopes = (w2 * w1) @ on.T  # [H, S + 1]
+        intercepts = b2[:, None] + (w2 * b1) @ on.T
+        return breaks, slopes, intercepts
+
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, hidden={self.hidden}, init_L={self.init_L}"
+
+
+#: Cells of the finest grid ``_grid_score_mod`` tries.
+MAX_GRID = 1 << 14
+
+
+def _grid_score_mod(
+    fire: FIRE, length: int, c: Tensor, threshold: Tensor, work: torch.dtype
+) -> ScoreMod | None:
+    """FIRE's ``score_mod`` for indices below ``length`` through ``fire.piecewise()``.
+
+    The MLP input ``u = psi(|d|) / n_i`` (``psi`` read from a table of the ``length``
+    distances, ``n_i`` from one of the query indices; the same operations as
+    ``_normalized``) lies in ``[0, U]``, ``U = psi(length - 1) / (psi(L) + eps)``. That
+    range is cut into ``G`` equal cells, the fewest (a power of two) with at most one break
+    inside each; a score's piece is the number of breaks up to its cell's start plus one
+    if it is past the cell's break. None when ``MAX_GRID`` cells do not separate them."""
+    breaks, slopes, intercepts = (t.to(c.device) for t in fire.piecewise())
+    dist = torch.arange(max(length, 1), dtype=work, device=c.device)
+    psi = torch.log1p((c * dist).abs())  # [length]
+    norm = torch.log1p((c * torch.maximum(dist, threshold)).abs()) + fire.eps  # [length]
+    top = float((psi[-1] / (torch.log1p((c * threshold).abs()) + fire.eps)).item())
+    top = max(top, 1e-30) * (1 + 1e-6)  # every reachable u lies below
+    cells = 64
+    while cells <= MAX_GRID:
+        edges = torch.arange(cells + 1, dtype=torch.float64, device=c.device) * (top / cells)
+        before = torch.searchsorted(breaks, edges[:-1], right=True)  # breaks <= start
+        inside = torch.searchsorted(breaks, edges[1:]) - before  # start < break < end
+        if int(inside.max()) <= 1:
+            break
+        cells *= 2
+    else:
+        return None
+    split = torch.full((cells,), float("inf"), dtype=torch.float64, device=c.device)
+    split[inside > 0] = breaks[before[inside > 0]]
+    split = split.to(work)
+    slopes, intercepts = slopes.to(work), intercepts.to(work)
+    scale = cells / top
+
+    def score_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor):
+        u = psi[torch.abs(q_idx - kv_idx)] / norm[q_idx]
+        cell = torch.clamp((u * scale).to(torch.int64), 0, cells - 1)
+        piece = before[cell] + (u >= split[cell]).to(torch.int64)
+        return score + (slopes[h, piece] * u + intercepts[h, piece]).to(score.dtype)
+
+    return score_mod
