@@ -208,7 +208,8 @@ def _cache_key(position: PositionalEncoding, shape: tuple) -> tuple[tuple, tuple
 
     The key holds the identity and version counter (bumped by every in-place change, an
     optimizer step included) of every parameter, buffer and tensor attribute, and the
-    encoding's plain attributes; ``tensors`` keeps those tensors alive so that no identity is reused."""
+    encoding's plain attributes; ``tensors`` keeps those tensors alive so that no
+    identity is reused."""
     attrs = vars(position)
     held = (v for v in attrs.values() if isinstance(v, Tensor))  # e.g. ALiBi's slopes
     tensors = tuple(itertools.chain(position.parameters(), position.buffers(), held))
