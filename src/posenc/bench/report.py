@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from posenc.bench.rope import CLONE, FLOOR, HF_STYLE, posenc_cases
-from posenc.bench.timing import Group
+from posenc.bench.timing import Group, median_ratio
 
 __all__ = [
     "Target",
@@ -98,11 +98,12 @@ def _never_slower(group: Group, label: str) -> list[Target]:
 
 
 def _ratio(group: Group, case: str, baseline: str, *, worst: bool) -> float | None:
-    """``case`` over ``baseline``: medians, or maxima when ``worst``."""
+    """``case`` over ``baseline``: the median of per-round ratios, or of maxima when
+    ``worst``."""
     if case not in group.stats or baseline not in group.stats:
         return None
     mine, base = group.stats[case], group.stats[baseline]
-    return mine.max_ms / base.max_ms if worst else mine.median_ms / base.median_ms
+    return mine.max_ms / base.max_ms if worst else median_ratio(mine, base)
 
 
 def _floor_targets(group: Group, label: str) -> list[Target]:

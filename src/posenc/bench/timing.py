@@ -1,8 +1,8 @@
 """Timing primitives of the benchmark suite: round-robin medians, spreads, machine info.
 
-Every comparison is a ratio of medians measured in one run, with the cases of a group
-interleaved (one call of each per round, in a random order), so that a busy machine
-slows them alike.
+Every comparison is measured in one run, with the cases of a group interleaved (one call
+of each per round, in a random order), so that a busy machine slows them alike, and is
+the median over the rounds of the ratio within each round (``median_ratio``).
 
 There is no up-front memory warm-up: each group's untimed rounds touch what it uses. On a
 virtual machine that reports free memory to its host (free page reporting: free 2 MiB
@@ -32,13 +32,15 @@ __all__ = [
     "load_average",
     "machine_info",
     "measure",
+    "median_ratio",
     "with_control",
 ]
 
 
 @dataclass(frozen=True)
 class Stats:
-    """Wall-clock statistics of one case, in milliseconds."""
+    """Wall-clock statistics of one case, in milliseconds; ``rounds_ms``: every timing in
+    the order of the rounds (``measure``), from which per-round ratios are taken."""
 
     median_ms: float
     q1_ms: float
@@ -46,15 +48,28 @@ class Stats:
     min_ms: float
     max_ms: float
     repeats: int
+    rounds_ms: tuple[float, ...] = ()
 
     @classmethod
     def of(cls, seconds: list[float]) -> Stats:
-        ms = sorted(1e3 * s for s in seconds)
+        """The statistics of ``seconds``, given in round order."""
+        rounds = tuple(1e3 * s for s in seconds)
+        ms = sorted(rounds)
         if len(ms) >= 2:
             q1, _, q3 = statistics.quantiles(ms, n=4, method="inclusive")
         else:
             q1 = q3 = ms[0]
-        return cls(statistics.median(ms), q1, q3, ms[0], ms[-1], len(ms))
+        return cls(statistics.median(ms), q1, q3, ms[0], ms[-1], len(ms), rounds)
+
+
+def median_ratio(case: Stats, baseline: Stats) -> float:
+    """``case`` over ``baseline``: the median over rounds of their ratio in each round when
+    both were timed in the same rounds (a slow stretch of the machine then slows both
+    sides of a ratio), else the ratio of their medians."""
+    a, b = case.rounds_ms, baseline.rounds_ms
+    if a and len(a) == len(b):
+        return statistics.median(x / y for x, y in zip(a, b, strict=True))
+    return case.median_ms / baseline.median_ms
 
 
 def measure(
@@ -122,25 +137,29 @@ class Group:
     controls: dict[str, str] = field(default_factory=dict)
 
     def ratio_to_floor(self, case: str) -> float | None:
+        """``case`` over the floor (``median_ratio``)."""
         if self.floor is None or self.floor not in self.stats:
             return None
-        return self.stats[case].median_ms / self.stats[self.floor].median_ms
+        return median_ratio(self.stats[case], self.stats[self.floor])
 
     def speedup(self, case: str, baseline: str) -> float | None:
+        """How many times faster ``case`` is than ``baseline`` (``median_ratio``)."""
         if baseline not in self.stats:
             return None
-        return self.stats[baseline].median_ms / self.stats[case].median_ms
+        return median_ratio(self.stats[baseline], self.stats[case])
 
     def spread(self, baseline: str, *, worst: bool = False) -> float | None:
         """How far ``baseline`` and its A/A control (``controls``, see ``with_control``)
-        landed apart in this run: ``max(a / b, b / a) >= 1`` of their medians, or of their
-        maxima when ``worst``; None without a control."""
+        landed apart in this run: ``max(r, 1 / r) >= 1`` of their ratio (``median_ratio``),
+        or of their maxima when ``worst``; None without a control."""
         control = self.stats.get(self.controls.get(baseline, ""))
         if control is None or baseline not in self.stats:
             return None
-        stat = "max_ms" if worst else "median_ms"
-        a, b = getattr(self.stats[baseline], stat), getattr(control, stat)
-        return max(a / b, b / a)
+        if worst:
+            ratio = self.stats[baseline].max_ms / control.max_ms
+        else:
+            ratio = median_ratio(self.stats[baseline], control)
+        return max(ratio, 1 / ratio)
 
     def to_json(self) -> dict[str, object]:
         cases = []
