@@ -10,7 +10,7 @@ import torch
 import posenc
 from conftest import tolerances
 from posenc import MultiHeadAttention
-from posenc.attention import backends, flex
+from posenc.attention import backends, flex, short
 from posenc.attention.backends import Masking, attend, peak_tensor_bytes
 from posenc.attention.blocks import offset_table
 from posenc.encodings.t5 import t5_relative_position_bucket
@@ -56,6 +56,23 @@ def _check_against_reference(
 @pytest.mark.parametrize("name", SERVED)
 def test_flex_equals_the_float64_reference_causal(name):
     _check_against_reference(_encoding(name), causal=True)
+
+
+@pytest.mark.parametrize("name", ["cope", "shaw"])
+def test_flex_forms_of_long_sequences_equal_the_float64_reference(name, monkeypatch):
+    """CoPE's band and Shaw's phantom key around FlexAttention, which run past
+    ``SHORT_MAX`` (here from the first bucket on)."""
+    monkeypatch.setattr(short, "SHORT_MAX", 0)
+    _check_against_reference(_encoding(name), causal=True)
+
+
+def test_one_graph_only_for_short_sequences_of_few_scores():
+    """``runs_short``: up to ``SHORT_MAX`` tokens and ``SHORT_MAX_SCORES`` scores."""
+    assert short.runs_short(torch.empty(1, 8, short.SHORT_MAX, 4))
+    assert not short.runs_short(torch.empty(1, 1, 2 * short.SHORT_MAX, 4))
+    per_batch = 8 * 256 * 256
+    assert short.runs_short(torch.empty(short.SHORT_MAX_SCORES // per_batch, 8, 256, 4))
+    assert not short.runs_short(torch.empty(short.SHORT_MAX_SCORES // per_batch + 1, 8, 256, 4))
 
 
 @pytest.mark.slow
@@ -267,8 +284,13 @@ def test_a_new_length_in_a_compiled_bucket_compiles_nothing(name):
     assert sum(counters["frames"].values()) == frames
 
 
-@pytest.mark.parametrize("name", ["alibi", "shaw"])
-def test_non_finite_future_key_reaches_only_later_rows(name):
+@pytest.mark.parametrize(
+    ("name", "one_graph"),
+    [("fire", False), ("shaw", True), ("shaw", False), ("cope", True), ("cope", False)],
+)
+def test_non_finite_future_key_reaches_only_later_rows(name, one_graph, monkeypatch):
+    if not one_graph:
+        monkeypatch.setattr(short, "SHORT_MAX", 0)
     position = _encoding(name)
     q, k, v = _qkv()
     pos = torch.arange(T)

@@ -79,6 +79,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 from posenc._compiling import static_compiled
 from posenc.attention.blocks import offset_table
 from posenc.attention.masking import Masking
+from posenc.attention.short import runs_short, short_attend
 from posenc.base import PositionalEncoding, Site
 from posenc.encodings._relative import band_dots
 
@@ -173,6 +174,8 @@ def flex_attend(
     if size > length:
         q, k, v = (nn.functional.pad(t, (0, 0, 0, size - length)) for t in (q, k, v))
     kind = flex_kind(position)
+    if kind in ("band", "shaw") and runs_short(q):  # one compiled graph
+        return short_attend(q, k, v, position, kind, scale)[..., :length, :]
     if kind == "shaw":
         return _shaw(q, k, v, position, scale, length)[..., :length, :]
     if kind == "band":

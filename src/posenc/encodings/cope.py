@@ -97,7 +97,10 @@ def cope_bias(q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, pos_emb: Tenso
 
 def _interpolate(per_position: Tensor, p: Tensor) -> Tensor:
     """``e``-products at fractional positions: ``per_position [..., P]`` read at ``p``."""
-    index = p.nan_to_num(0.0)  # NaN gates (NaN in q or k) index 0; w carries the NaN
+    # NaN gates (NaN in q or k) index 0 and w carries the NaN; ``p`` is never infinite
+    # (clamped above, a sum of gates below); a comparison, unlike nan_to_num, leaves the
+    # compiled gathers vectorized
+    index = torch.where(p >= 0, p, 0.0)
     low = index.floor()
     w = p - low  # gradient reaches the gates through the interpolation weight
     at_low = per_position.gather(-1, low.long())

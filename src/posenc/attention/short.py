@@ -1,0 +1,107 @@
+"""Short sequences on the ``flex`` backend: CoPE's and Shaw's whole attention as one graph.
+
+Shapes: ``B`` batch, ``H`` heads, ``T`` queries = keys (a length bucket), ``D`` head_dim,
+``P`` CoPE's npos_max, ``K`` Shaw's clip distance. Causal attention at positions
+``0..T-1``, as the ``flex`` backend runs it (``posenc.attention.flex``).
+
+Up to ``SHORT_MAX`` tokens (and ``SHORT_MAX_SCORES`` scores), CoPE's band covers half
+the sequence or all of it (its first band is ``4P = 256`` offsets wide) and Shaw's band
+step, phantom key and value step are three calls around FlexAttention, each with its
+fixed cost; there the eager formula of
+``posenc.attention.blocks`` compiled as one graph (static shapes, once per length bucket)
+does less: one ``[B, H, T, T]`` product of queries and keys serves both CoPE's gates and
+the logits (Golovneva et al. 2024, eqs. (3)-(6)), and Shaw's key and value terms (Shaw
+et al. 2018, eqs. (3)-(4)) are a gather and a ``[T, 2K + 1]`` product around it. Same
+formulas as the eager backend: ``posenc.encodings.cope`` and ``posenc.encodings.shaw``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from posenc._compiling import static_compiled
+from posenc._dtypes import compute_dtype
+from posenc.base import PositionalEncoding
+from posenc.encodings.cope import _interpolate
+
+__all__ = ["SHORT_MAX", "SHORT_MAX_SCORES", "runs_short", "short_attend"]
+
+#: Longest length bucket run as one compiled graph (CoPE, Shaw); longer ones use
+#: FlexAttention.
+SHORT_MAX = 512
+
+#: Most scores ``B * H * T^2`` of one call run as one graph: it writes a few tensors of
+#: that size (16 MiB each in float32), where FlexAttention writes none.
+SHORT_MAX_SCORES = 1 << 22
+
+
+def runs_short(q: Tensor) -> bool:
+    """Whether ``q [B, H, T, D]`` (``T`` a length bucket) runs as one compiled graph."""
+    batch, heads, length, _ = q.shape
+    return length <= SHORT_MAX and batch * heads * length * length <= SHORT_MAX_SCORES
+
+
+def short_attend(
+    q: Tensor, k: Tensor, v: Tensor, position: PositionalEncoding, kind: str, scale: float
+) -> Tensor:
+    """Causal attention of ``q, k, v [B, H, T, D]`` (positions ``0..T-1``) with CoPE's
+    (``kind="band"``) or Shaw's (``kind="shaw"``) bias, ``[B, H, T, D]``."""
+    if kind == "band":
+        logits = _cope_logits(q, k, position.pos_emb.detach().to(q.dtype), scale)
+        return torch.matmul(torch.softmax(logits, -1).to(v.dtype), v.flip(-2))
+    tables = (position.key_table.detach(), position.value_table.detach())
+    return _shaw(q, k, v, *(t.to(q.dtype) for t in tables), scale)
+
+
+def _causal(length: int, device: torch.device) -> Tensor:
+    """``[T, T]``: key ``j`` visible to query ``i`` iff ``j <= i``."""
+    index = torch.arange(length, device=device)
+    return index[None, :] <= index[:, None]
+
+
+def _cope_logits_eager(q: Tensor, k: Tensor, pos_emb: Tensor, scale: float) -> Tensor:
+    """CoPE's masked logits over the keys in reverse order (``cope_bias`` plus the
+    scores), the products of queries and keys computed once for the gates and the logits.
+
+    Reversed, the gates' sum from the diagonal is a cumulative sum. The softmax runs after
+    the graph: fused into it, inductor recomputes the interpolation's gathers in each of
+    the softmax's passes."""
+    length, dim, npos = q.shape[-2], q.shape[-1], pos_emb.shape[0]
+    work = compute_dtype(q.dtype)
+    dots = torch.matmul(q, k.flip(-2).transpose(-2, -1)).to(work)  # [B, H, T, T]
+    visible = _causal(length, q.device).flip(-1)  # key T - 1 - c at c
+    gates = torch.sigmoid(dots * dim**-0.5) * visible
+    positions = gates.cumsum(-1).clamp(max=npos - 1)
+    per_position = torch.matmul(q, pos_emb.T).to(work) * dim**-0.5  # [B, H, T, P]
+    logits = dots * scale + _interpolate(per_position, positions)
+    return logits.masked_fill(~visible, float("-inf"))
+
+
+def _shaw_eager(
+    q: Tensor, k: Tensor, v: Tensor, key_table: Tensor, value_table: Tensor, scale: float
+) -> Tensor:
+    """Shaw's attention, keys in reverse order: the key term gathered from the ``2K + 1``
+    per-offset products; the value term ``w^V[0] + sum_d p_i,i-d (w^V[K - d] - w^V[0])``
+    over the ``K`` keys nearest the diagonal (row ``K - d`` of ``w^V`` is offset ``-d``;
+    every farther key shares row 0, offset ``-K``)."""
+    length, dim, clip = q.shape[-2], q.shape[-1], (key_table.shape[0] - 1) // 2
+    k, v = k.flip(-2), v.flip(-2)  # key T - 1 - c at c
+    rows = torch.arange(length, device=q.device)[:, None]
+    keys = length - 1 - torch.arange(length, device=q.device)  # the position at each c
+    offset = (keys - rows).clamp(-clip, clip) + clip  # [T, T]: the row of w^K
+    per_offset = torch.matmul(q, key_table.T) * dim**-0.5  # [B, H, T, 2K + 1]
+    key_term = per_offset.gather(-1, offset.expand(*q.shape[:2], length, length))
+    logits = torch.matmul(q, k.transpose(-2, -1)) * scale + key_term
+    probs = torch.softmax(logits.masked_fill(keys > rows, float("-inf")), -1).to(v.dtype)
+    out = torch.matmul(probs, v)
+    near = torch.arange(clip, device=q.device)  # d: key i - d at c = T - 1 - i + d
+    column = (length - 1 - rows + near).clamp(max=length - 1)  # [T, K]
+    band = probs.gather(-1, column.expand(*q.shape[:2], length, clip))
+    band = band.masked_fill(near > rows, 0.0)  # keys before position 0
+    steps = value_table[clip - near] - value_table[0]  # row K - d: offset -d; row 0: -K
+    return out + value_table[0] + torch.matmul(band, steps)
+
+
+_cope_logits = static_compiled(lambda: _cope_logits_eager, fullgraph=True)
+_shaw = static_compiled(lambda: _shaw_eager, fullgraph=True)
