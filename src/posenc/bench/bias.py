@@ -122,7 +122,10 @@ def bias_memory(*, quick: bool) -> list[dict[str, object]]:
 
 def attention_groups(*, quick: bool, repeats: int, warmup: int) -> list[Group]:
     """The attention core of each encoding in ``BIAS_LIMITS`` (``attend``, backend
-    ``auto``, no gradients) next to causal SDPA, round-robin, per target length."""
+    ``auto``, no gradients) next to causal SDPA and its A/A control, round-robin: one group
+    per encoding and target length, so that each ratio is taken in rounds of that encoding
+    and SDPA alone (a model runs one encoding; interleaving seven puts each one's caches
+    and thread wake-ups on the others' clocks)."""
     groups = []
     for length in QUICK_LENGTHS if quick else TARGET_LENGTHS:
         gen = torch.Generator().manual_seed(0)
@@ -130,7 +133,8 @@ def attention_groups(*, quick: bool, repeats: int, warmup: int) -> list[Group]:
         pos = torch.arange(length)
         masking = Masking(True, pos, pos, aligned=True)
         sdpa = functools.partial(F.scaled_dot_product_attention, *qkv, is_causal=True)
-        cases = {CORE_BASELINE: sdpa}
+        info_ = {"T": length, "heads": CORE_HEADS, "head_dim": HEAD_DIM, "dtype": "float32"}
+        info_ |= {"core": True}
         for name in BIAS_LIMITS:
             torch.manual_seed(0)
             shape = {
@@ -139,14 +143,13 @@ def attention_groups(*, quick: bool, repeats: int, warmup: int) -> list[Group]:
                 "d_model": CORE_HEADS * HEAD_DIM,
             }
             position = build(name, causal=True, **shape).eval()
-            cases[name] = _core(qkv, position, masking)
-        stats = measure(with_control(cases, CORE_CONTROLS), repeats=repeats, warmup=warmup)
-        info_ = {"T": length, "heads": CORE_HEADS, "head_dim": HEAD_DIM, "dtype": "float32"}
-        title = f"attention core T={length} H={CORE_HEADS} D={HEAD_DIM}"
-        info_ |= {"core": True}
-        groups.append(
-            Group("attention", title, stats, CORE_BASELINE, info=info_, controls=CORE_CONTROLS)
-        )
+            cases = {CORE_BASELINE: sdpa, name: _core(qkv, position, masking)}
+            stats = measure(with_control(cases, CORE_CONTROLS), repeats=repeats, warmup=warmup)
+            title = f"attention core T={length} H={CORE_HEADS} D={HEAD_DIM}: {name}"
+            groups.append(
+                Group("attention", title, stats, CORE_BASELINE, info=info_ | {"encoding": name},
+                      controls=CORE_CONTROLS)
+            )  # fmt: skip
     return groups
 
 
@@ -168,6 +171,8 @@ def bias_targets(groups: list[Group]) -> list[Target]:
         floor, label = group.stats[CORE_BASELINE], f"attention T={group.info['T']:,}"
         spread, spread_max = group.spread(CORE_BASELINE), group.spread(CORE_BASELINE, worst=True)
         for name, limit in BIAS_LIMITS.items():
+            if name not in group.stats:
+                continue
             ratio = group.ratio_to_floor(name)
             targets.append(Target(label, f"{name}: ÷ SDPA", ratio, limit, True, spread))
             top = group.stats[name].max_ms / floor.max_ms
