@@ -62,17 +62,20 @@ def test_flex_equals_the_float64_reference_causal(name):
 def test_flex_forms_of_long_sequences_equal_the_float64_reference(name, monkeypatch):
     """CoPE's band and Shaw's phantom key around FlexAttention, which run past
     ``SHORT_MAX`` (here from the first bucket on)."""
-    monkeypatch.setattr(short, "SHORT_MAX", 0)
+    monkeypatch.setattr(short, "SHORT_MAX", {})
     _check_against_reference(_encoding(name), causal=True)
 
 
 def test_one_graph_only_for_short_sequences_of_few_scores():
-    """``runs_short``: up to ``SHORT_MAX`` tokens and ``SHORT_MAX_SCORES`` scores."""
-    assert short.runs_short(torch.empty(1, 8, short.SHORT_MAX, 4))
-    assert not short.runs_short(torch.empty(1, 1, 2 * short.SHORT_MAX, 4))
-    per_batch = 8 * 256 * 256
-    assert short.runs_short(torch.empty(short.SHORT_MAX_SCORES // per_batch, 8, 256, 4))
-    assert not short.runs_short(torch.empty(short.SHORT_MAX_SCORES // per_batch + 1, 8, 256, 4))
+    """``runs_short``: up to ``SHORT_MAX`` tokens of its kind and ``SHORT_MAX_SCORES``."""
+    for kind, most in short.SHORT_MAX.items():
+        assert short.runs_short(torch.empty(1, 8, most, 4), kind)
+        assert not short.runs_short(torch.empty(1, 1, 2 * most, 4), kind)
+        per_batch = 8 * most * most
+        fits = short.SHORT_MAX_SCORES // per_batch
+        assert short.runs_short(torch.empty(fits, 8, most, 4), kind)
+        assert not short.runs_short(torch.empty(fits + 1, 8, most, 4), kind)
+    assert not short.runs_short(torch.empty(1, 1, 128, 4), "score_mod")
 
 
 @pytest.mark.slow
@@ -290,7 +293,7 @@ def test_a_new_length_in_a_compiled_bucket_compiles_nothing(name):
 )
 def test_non_finite_future_key_reaches_only_later_rows(name, one_graph, monkeypatch):
     if not one_graph:
-        monkeypatch.setattr(short, "SHORT_MAX", 0)
+        monkeypatch.setattr(short, "SHORT_MAX", {})
     position = _encoding(name)
     q, k, v = _qkv()
     pos = torch.arange(T)

@@ -15,9 +15,10 @@ Backends:
   without chunking.
 * ``flex``: FlexAttention compiled for CPU, the bias as a fused ``score_mod``
   (``posenc.attention.flex``): float32 inference over a whole sequence (no KV cache,
-  padding, segments or sinks) with ALiBi, T5, KERPLE, Sandwich, FIRE or Shaw (causal).
-  ``auto`` picks it there from ``FLEX_MIN_LENGTH`` queries on; forced elsewhere it
-  raises ``ValueError`` saying why.
+  padding, segments or sinks) with ALiBi, T5, KERPLE, Sandwich, FIRE, CoPE or Shaw
+  (the last two causal). ``auto`` picks it there for FIRE, CoPE and Shaw from
+  ``FLEX_MIN_LENGTH`` queries on (the offset biases stay on ``chunked``'s table path,
+  faster at every length); forced elsewhere it raises ``ValueError`` saying why.
 * ``chunked``: the queries in blocks of ``block_size`` (Rabe & Staats 2021, "Self-attention
   Does Not Need O(n^2) Memory"): per block, the encoding's bias for that block only, then
   SDPA (or the eager formula when the encoding has a VALUE term). Under a causal mask
@@ -26,7 +27,9 @@ Backends:
   may not see get a ``-inf`` mask; a decoding step needs no mask at all. An encoding
   whose bias is a function of ``q_pos - k_pos`` (``offset_only``: ALiBi, T5, KERPLE,
   Sandwich) over consecutive positions is evaluated once per offset and read by every
-  block as a zero-copy view (``posenc.attention.blocks.offset_block``). With gradients
+  block as a zero-copy view (``posenc.attention.blocks.offset_block``); without
+  gradients through it, that table is kept for the next call at the same length until
+  the encoding changes. With gradients
   enabled each block is recomputed in the backward pass (``posenc.attention.grad``;
   Chen et al. 2016), so forward and backward hold ``O(B * H * block_size * Tk)`` extra
   memory and never a ``[H, Tq, Tk]`` tensor; the backward is itself differentiable.
@@ -126,8 +129,9 @@ def attend(
         v: values at ``H`` heads.
         position: the encoding whose ``score_bias`` / ``value_term`` are applied.
         masking: positions, padding and segments that define the mask.
-        backend: ``"auto"`` (SDPA without SCORE/VALUE; else ``flex`` where it applies
-            from ``FLEX_MIN_LENGTH`` queries on, otherwise chunked), ``"sdpa"``,
+        backend: ``"auto"`` (SDPA without SCORE/VALUE; an ``offset_only`` bias
+            chunked; else ``flex`` where it applies from ``FLEX_MIN_LENGTH`` queries on,
+            otherwise chunked), ``"sdpa"``,
             ``"eager"``, ``"chunked"`` or ``"flex"``.
         block_size: queries per block of the chunked backend.
         dropout_p: attention dropout (applied to the probabilities).

@@ -4,10 +4,10 @@ Shapes: ``B`` batch, ``H`` heads, ``T`` queries = keys (a length bucket), ``D`` 
 ``P`` CoPE's npos_max, ``K`` Shaw's clip distance. Causal attention at positions
 ``0..T-1``, as the ``flex`` backend runs it (``posenc.attention.flex``).
 
-Up to ``SHORT_MAX`` tokens (and ``SHORT_MAX_SCORES`` scores), CoPE's band covers half
-the sequence or all of it (its first band is ``4P = 256`` offsets wide) and Shaw's band
-step, phantom key and value step are three calls around FlexAttention, each with its
-fixed cost; there the eager formula of
+Up to ``SHORT_MAX`` tokens (and ``SHORT_MAX_SCORES`` scores), CoPE's band covers the
+whole sequence (its first band is ``4P = 256`` offsets wide) and Shaw's band step,
+phantom key and value step are three calls around FlexAttention, each with its fixed
+cost; there the eager formula of
 ``posenc.attention.blocks`` compiled as one graph (static shapes, once per length bucket)
 does less: one ``[B, H, T, T]`` product of queries and keys serves both CoPE's gates and
 the logits (Golovneva et al. 2024, eqs. (3)-(6)), and Shaw's key and value terms (Shaw
@@ -27,19 +27,23 @@ from posenc.encodings.cope import _interpolate
 
 __all__ = ["SHORT_MAX", "SHORT_MAX_SCORES", "runs_short", "short_attend"]
 
-#: Longest length bucket run as one compiled graph (CoPE, Shaw); longer ones use
-#: FlexAttention.
-SHORT_MAX = 512
+#: Longest length bucket run as one compiled graph, per flex kind (CoPE's ``"band"``,
+#: ``"shaw"``); longer ones use FlexAttention. At ``[1, 8, 512, 64]`` CoPE's band step and
+#: FlexAttention (2.3x causal SDPA) beat its graph, which writes five ``[B, H, T, T]``
+#: tensors (2.3x, but up to 4x when the allocator hands those pages back between calls).
+SHORT_MAX = {"band": 256, "shaw": 512}
 
 #: Most scores ``B * H * T^2`` of one call run as one graph: it writes a few tensors of
 #: that size (16 MiB each in float32), where FlexAttention writes none.
 SHORT_MAX_SCORES = 1 << 22
 
 
-def runs_short(q: Tensor) -> bool:
-    """Whether ``q [B, H, T, D]`` (``T`` a length bucket) runs as one compiled graph."""
+def runs_short(q: Tensor, kind: str) -> bool:
+    """Whether ``q [B, H, T, D]`` (``T`` a length bucket) runs as one compiled graph for
+    the flex kind ``kind``."""
     batch, heads, length, _ = q.shape
-    return length <= SHORT_MAX and batch * heads * length * length <= SHORT_MAX_SCORES
+    fits = batch * heads * length * length <= SHORT_MAX_SCORES
+    return fits and length <= SHORT_MAX.get(kind, 0)
 
 
 def short_attend(
@@ -50,8 +54,11 @@ def short_attend(
     if kind == "band":
         logits = _cope_logits(q, k, position.pos_emb.detach().to(q.dtype), scale)
         return torch.matmul(torch.softmax(logits, -1).to(v.dtype), v.flip(-2))
-    tables = (position.key_table.detach(), position.value_table.detach())
-    return _shaw(q, k, v, *(t.to(q.dtype) for t in tables), scale)
+    key_table, value_table = (
+        t.detach().to(q.dtype) for t in (position.key_table, position.value_table)
+    )
+    probs = torch.softmax(_shaw_logits(q, k, key_table, scale), -1).to(v.dtype)
+    return torch.matmul(probs, v.flip(-2)) + _shaw_values(probs, value_table)
 
 
 def _causal(length: int, device: torch.device) -> Tensor:
@@ -78,30 +85,34 @@ def _cope_logits_eager(q: Tensor, k: Tensor, pos_emb: Tensor, scale: float) -> T
     return logits.masked_fill(~visible, float("-inf"))
 
 
-def _shaw_eager(
-    q: Tensor, k: Tensor, v: Tensor, key_table: Tensor, value_table: Tensor, scale: float
-) -> Tensor:
-    """Shaw's attention, keys in reverse order: the key term gathered from the ``2K + 1``
-    per-offset products; the value term ``w^V[0] + sum_d p_i,i-d (w^V[K - d] - w^V[0])``
-    over the ``K`` keys nearest the diagonal (row ``K - d`` of ``w^V`` is offset ``-d``;
-    every farther key shares row 0, offset ``-K``)."""
+def _shaw_logits_eager(q: Tensor, k: Tensor, key_table: Tensor, scale: float) -> Tensor:
+    """Shaw's masked logits over the keys in reverse order: the scores plus the key term,
+    gathered from the ``2K + 1`` per-offset products ``q_i . w^K[r] / sqrt(D)``."""
     length, dim, clip = q.shape[-2], q.shape[-1], (key_table.shape[0] - 1) // 2
-    k, v = k.flip(-2), v.flip(-2)  # key T - 1 - c at c
     rows = torch.arange(length, device=q.device)[:, None]
     keys = length - 1 - torch.arange(length, device=q.device)  # the position at each c
     offset = (keys - rows).clamp(-clip, clip) + clip  # [T, T]: the row of w^K
     per_offset = torch.matmul(q, key_table.T) * dim**-0.5  # [B, H, T, 2K + 1]
     key_term = per_offset.gather(-1, offset.expand(*q.shape[:2], length, length))
-    logits = torch.matmul(q, k.transpose(-2, -1)) * scale + key_term
-    probs = torch.softmax(logits.masked_fill(keys > rows, float("-inf")), -1).to(v.dtype)
-    out = torch.matmul(probs, v)
-    near = torch.arange(clip, device=q.device)  # d: key i - d at c = T - 1 - i + d
+    logits = torch.matmul(q, k.flip(-2).transpose(-2, -1)) * scale + key_term
+    return logits.masked_fill(keys > rows, float("-inf"))
+
+
+def _shaw_values_eager(probs: Tensor, value_table: Tensor) -> Tensor:
+    """Shaw's value term from ``probs [B, H, T, T]`` over the keys in reverse order:
+    ``w^V[0] + sum_d p_i,i-d (w^V[K - d] - w^V[0])`` over the ``K`` keys nearest the
+    diagonal (row ``K - d`` of ``w^V`` is offset ``-d``; every farther key shares row 0,
+    offset ``-K``)."""
+    length, clip = probs.shape[-1], (value_table.shape[0] - 1) // 2
+    rows = torch.arange(length, device=probs.device)[:, None]
+    near = torch.arange(clip, device=probs.device)  # d: key i - d at c = T - 1 - i + d
     column = (length - 1 - rows + near).clamp(max=length - 1)  # [T, K]
-    band = probs.gather(-1, column.expand(*q.shape[:2], length, clip))
+    band = probs.gather(-1, column.expand(*probs.shape[:2], length, clip))
     band = band.masked_fill(near > rows, 0.0)  # keys before position 0
-    steps = value_table[clip - near] - value_table[0]  # row K - d: offset -d; row 0: -K
-    return out + value_table[0] + torch.matmul(band, steps)
+    steps = value_table[clip - near] - value_table[0]
+    return value_table[0] + torch.matmul(band, steps)
 
 
 _cope_logits = static_compiled(lambda: _cope_logits_eager, fullgraph=True)
-_shaw = static_compiled(lambda: _shaw_eager, fullgraph=True)
+_shaw_logits = static_compiled(lambda: _shaw_logits_eager, fullgraph=True)
+_shaw_values = static_compiled(lambda: _shaw_values_eager, fullgraph=True)

@@ -144,36 +144,46 @@ def cope_band_bias(
         width *= 2
 
 
+#: Queries per block of the band step: each block multiplies ``W + BAND_ROWS - 1`` keys,
+#: of which ``W`` per query are in the band.
+BAND_ROWS = 64
+
+
 def _band_step(q: Tensor, k: Tensor, pos_emb: Tensor, width: int) -> tuple[Tensor, Tensor]:
     """``cope_band_bias`` at one ``width``: the band ``[B, H, T, W]`` and whether every row
     from ``W`` on sums its gates to ``P - 1`` within it (a bool tensor).
 
-    One batched product over blocks of ``W`` queries gives both the band's dot products
-    and ``q . e``: each block against the ``2W - 1`` keys it reaches (an overlapping
-    strided view of the keys, left-padded with ``W - 1`` zero rows, keys before position
-    0, masked) followed by the ``P`` rows of ``e``. Its scores, ``[B, H, T, 2W - 1 + P]``,
-    are the peak memory: about twice the band's.
+    One batched product over blocks of ``Tb = min(W, BAND_ROWS)`` queries gives both the
+    band's dot products and ``q . e``: each block against the ``W + Tb - 1`` keys it
+    reaches (an overlapping strided view of the keys, left-padded with ``W - 1`` zero rows,
+    keys before position 0, masked) followed by the ``P`` rows of ``e``. The keys are
+    taken in reverse order, and the blocks too (block ``n`` meets window
+    ``n_blocks - 1 - n``), so that the band ``[i, d] -> q_i . k_(i-d)`` is a view with
+    positive strides, which the compiled loops read in vectors. Its scores,
+    ``[B, H, T, W + Tb - 1 + P]``, are the peak memory: under twice the band's.
     """
     batch, heads, length, dim = q.shape
     npos = pos_emb.shape[0]
     work = compute_dtype(q.dtype)
-    blocks = (length + width - 1) // width
-    tail = blocks * width - length
-    reach = 2 * width - 1
-    q_blocks = nn.functional.pad(q, (0, 0, 0, tail)).view(batch, heads, blocks, width, dim)
-    keys = nn.functional.pad(k, (0, 0, width - 1, tail))  # [B, H, (blocks + 1) W - 1, D]
-    windows = keys.as_strided(  # block n: keys nW - W + 1 .. nW + W - 1
-        (batch, heads, blocks, reach, dim), (*keys.stride()[:2], width * dim, dim, 1)
+    rows = min(width, BAND_ROWS)  # queries per block
+    blocks = (length + rows - 1) // rows
+    tail = blocks * rows - length
+    reach = width + rows - 1
+    q_blocks = nn.functional.pad(q * dim**-0.5, (0, 0, 0, tail))
+    q_blocks = q_blocks.view(batch, heads, blocks, rows, dim).flip(2)  # last block first
+    keys = nn.functional.pad(k, (0, 0, width - 1, tail)).flip(-2)  # [B, H, n rows + W - 1, D]
+    windows = keys.as_strided(  # m: keys of block n - 1 - m, from its last one down
+        (batch, heads, blocks, reach, dim), (*keys.stride()[:2], rows * dim, dim, 1)
     )
-    rows = torch.cat((windows, pos_emb.expand(batch, heads, blocks, npos, dim)), -2)
-    scores = torch.matmul(q_blocks, rows.transpose(-2, -1)) * dim**-0.5  # [B, H, n, W, R]
+    table = torch.cat((windows, pos_emb.expand(batch, heads, blocks, npos, dim)), -2)
+    scores = torch.matmul(q_blocks, table.transpose(-2, -1))  # [B, H, n, rows, R], last first
     size = reach + npos  # R
-    # row r, column r + W - 1 - d holds q_i . k_(i-d): a strided view, read backwards
+    # row r of a block, column rows - 1 - r + d holds q_i . k_(i-d)
     dots = scores.as_strided(
-        (batch, heads, blocks, width, width), (*scores.stride()[:3], size + 1, 1)
-    ).flip(-1)
-    dots = dots.reshape(batch, heads, blocks * width, width)[:, :, :length].to(work)
-    per_position = scores[..., reach:].reshape(batch, heads, blocks * width, npos)
+        (batch, heads, blocks, rows, width), (*scores.stride()[:3], size - 1, 1), rows - 1
+    ).flip(2)
+    dots = dots.reshape(batch, heads, blocks * rows, width)[:, :, :length].to(work)
+    per_position = scores[..., reach:].flip(2).reshape(batch, heads, blocks * rows, npos)
     per_position = per_position[:, :, :length].to(work)  # [B, H, T, P]
     offsets = torch.arange(width, device=q.device)
     ahead = offsets > torch.arange(length, device=q.device)[:, None]  # key before 0
