@@ -38,8 +38,10 @@ causal mask hides are skipped. Per encoding:
   average 0.4-1.3), medians of 20 round-robin repeats: 1.72-2.44x causal SDPA at 2048
   tokens, 1.57-1.94x at 4096 (seven runs) and 1.58x at 8192 (one), where a clamped gather
   for every score, timed beside it, took 1.06x as long at 2048 (median of nine runs,
-  1.02-1.08x) and 1.10x at 4096 (1.08-1.17x) and 8192; the band step alone is 0.47-0.72x
-  causal SDPA;
+  1.02-1.08x) and 1.10x at 4096 (1.08-1.17x) and 8192; the band step alone was
+  0.47-0.72x causal SDPA, and at 8 heads 1.0x at 512 tokens and 0.6x at 2048 once it
+  took its keys in reverse order (loops inductor vectorizes) in blocks of 64 queries
+  (``BAND_ROWS``; blocks of ``W = 256`` queries took 1.4x);
 * Shaw et al.'s relative representations: the key term is ``q_i . w^K[r] / sqrt(D)``
   for the ``2K + 1`` clipped offsets ``r`` (``[B, H, T, 2K + 1]``), gathered by offset. The
   value term ``sum_j p_ij w^V[clip(j - i)]`` needs the probabilities of the ``K`` keys
