@@ -273,17 +273,26 @@ def test_lengths_share_a_bounded_set_of_buckets():
     assert all(t <= b < max(2 * t, 129) for t, b in enumerate(buckets, 1))
 
 
-@pytest.mark.parametrize("name", ["alibi", "kerple", "shaw", "cope"])
-def test_a_new_length_in_a_compiled_bucket_compiles_nothing(name):
+@pytest.mark.parametrize(
+    ("name", "change"),
+    [(n, "length") for n in ("alibi", "kerple", "shaw", "cope")]
+    + [(n, "parameters") for n in ("fire", "shaw", "cope")],
+)
+def test_a_compiled_bucket_serves_new_lengths_and_parameters(name, change):
     """T = 200 and T = 131 both run padded to 256 tokens: the second length reuses the
-    kernel (and CoPE's band step) and still equals the float64 eager reference."""
+    kernel (and CoPE's band step); a trained step changes every parameter (FIRE: its
+    breaks, grid scale and pieces) and reuses them too; both still equal the float64
+    eager reference."""
     counters = torch._dynamo.utils.counters
     position = _encoding(name)
     with torch.no_grad():
         _check_against_reference(position, causal=True)
         frames = sum(counters["frames"].values())
         position.float()
-        _check_against_reference(position, causal=True, length=131)
+        if change == "parameters":
+            for p in position.parameters():
+                p.mul_(0.7).add_(torch.randn_like(p) * 0.3)
+        _check_against_reference(position, causal=True, length=131 if change == "length" else T)
     assert sum(counters["frames"].values()) == frames
 
 

@@ -305,3 +305,26 @@ def test_ratios_are_medians_of_the_ratio_in_each_round():
     assert group.spread(FLOOR, worst=True) == pytest.approx(1.1)  # 44 / 40
     unpaired = Stats(20.0, 20.0, 20.0, 20.0, 20.0, 1)  # no rounds: the ratio of medians
     assert median_ratio(unpaired, base) == pytest.approx(2.0)
+
+
+def test_keep_freed_memory_sets_glibc_thresholds_and_says_so(monkeypatch):
+    """``--keep-freed-memory``: glibc's two thresholds set through ``mallopt`` (checked
+    in a child process: the change lasts for the process), the record names the
+    allocator; another C library gets a one-line error."""
+    import platform
+    import subprocess
+    import sys
+
+    from posenc.bench import allocator
+
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("glibc only")
+    code = "from posenc.bench.allocator import keep_freed_memory as k; print(k())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert f"M_TRIM_THRESHOLD {allocator.TRIM_THRESHOLD}" in out.stdout
+    assert f"M_MMAP_THRESHOLD {allocator.MMAP_THRESHOLD}" in out.stdout
+    monkeypatch.setattr(allocator.platform, "libc_ver", lambda: ("musl", "1.2"))
+    with pytest.raises(ValueError, match="glibc's malloc thresholds; found musl"):
+        allocator.keep_freed_memory()
+    results = run_benchmarks(only=["additive"], quick=True, repeats=1)
+    assert results.settings["allocator"] == "C library defaults"

@@ -23,6 +23,7 @@ import torch
 
 from posenc.bench import bias_attention
 from posenc.bench.additive import additive_groups
+from posenc.bench.allocator import keep_freed_memory as keep_freed_memory_
 from posenc.bench.bias import (
     QUICK_LENGTHS,
     attention_groups,
@@ -87,6 +88,7 @@ def run_benchmarks(
     threads: int = 2,
     repeats: int | None = None,
     load: int = 0,
+    keep_freed_memory: bool = False,
 ) -> Results:
     """Run the chosen suites on this machine.
 
@@ -96,6 +98,9 @@ def run_benchmarks(
         threads: ``torch.set_num_threads`` during the run (restored afterwards).
         repeats: timed rounds per group (default 15, or 2 when ``quick``).
         load: busy processes to run beside the benchmark (``posenc.bench.load``).
+        keep_freed_memory: keep freed memory in this process from here on
+            (``posenc.bench.allocator``; glibc), so that no case pays page faults for
+            temporaries the allocator handed back; the record says which allocator ran.
 
     Returns:
         The groups measured, the bias memory and bias attention rows and the issue's
@@ -103,8 +108,8 @@ def run_benchmarks(
         average before and after the run.
 
     Raises:
-        ValueError: an unknown suite name, ``threads`` or ``repeats`` below 1, or a
-            negative ``load``.
+        ValueError: an unknown suite name, ``threads`` or ``repeats`` below 1, a
+            negative ``load``, or ``keep_freed_memory`` where the C library is not glibc.
     """
     unknown = [s for s in only if s not in SUITES]
     if unknown:
@@ -115,6 +120,7 @@ def run_benchmarks(
             raise ValueError(f"{option} must be >= {least}, got {value}")
     repeats = repeats or (2 if quick else 15)
     warmup = 1 if quick else 2
+    allocator = keep_freed_memory_() if keep_freed_memory else "C library defaults"
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     load_before = load_average()
@@ -139,6 +145,7 @@ def run_benchmarks(
         "threads": threads,
         "repeats": repeats,
         "busy_processes": load,
+        "allocator": allocator,
     }
     targets = rope_targets(groups) + bias_targets(groups)
     return Results(machine, settings, groups, memory, targets, attention)

@@ -87,6 +87,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="run N busy processes beside the benchmark, to measure under load (default 0)",
     )
     p.add_argument(
+        "--keep-freed-memory",
+        action="store_true",
+        help="keep freed memory in the process (glibc malloc thresholds, as jemalloc or "
+        "tcmalloc would): times without the page faults of returned temporaries",
+    )
+    p.add_argument(
         "--json", type=Path, default=None, metavar="PATH", help="also write all results here"
     )
     p.set_defaults(func=run)
@@ -132,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
         threads=args.threads,
         repeats=args.repeats,
         load=args.load,
+        keep_freed_memory=args.keep_freed_memory,
     )
     console = Console()
     if args.quick:
@@ -143,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
         highlight=False,
     )
     console.print(_load_line(machine, args.load), highlight=False)
+    console.print(f"allocator: {results.settings['allocator']}", highlight=False)
     console.print(f"RoPE on CPU: {cpu_kernel.status()}", highlight=False)
     print_groups(console, results.groups)
     print_memory(console, results.bias_memory)

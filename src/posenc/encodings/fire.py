@@ -165,8 +165,8 @@ class FIRE(PositionalEncoding):
         function it is (``piecewise``) through a grid of its input (``_grid_score_mod``):
         per score two table reads for the input, a cell and a comparison for the piece,
         and one multiply-add, where the MLP costs ``hidden`` multiply-adds and ReLUs.
-        Without ``length``, or when two breakpoints share a cell of the finest grid, the
-        MLP is written out for head ``h`` (``hidden`` units per score, not ``hidden * H``).
+        Without ``length``, or when two breakpoints share a cell of the grid, the MLP is
+        written out for head ``h`` (``hidden`` units per score, not ``hidden * H``).
         """
         work = compute_dtype(self.c.dtype)
         c, threshold = self.c.detach().to(work), self.threshold.detach().to(work)
@@ -213,8 +213,9 @@ class FIRE(PositionalEncoding):
         return f"num_heads={self.num_heads}, hidden={self.hidden}, init_L={self.init_L}"
 
 
-#: Cells of the finest grid ``_grid_score_mod`` tries.
-MAX_GRID = 1 << 14
+#: Cells of the grid ``_grid_score_mod`` reads the MLP's input through: one size for every
+#: parameter value and length, so that a compiled kernel never sees a new shape.
+GRID_CELLS = 1 << 14
 
 
 def _grid_score_mod(
@@ -225,34 +226,32 @@ def _grid_score_mod(
     The MLP input ``u = psi(|d|) / n_i`` (``psi`` read from a table of the ``length``
     distances, ``n_i`` from one of the query indices; the same operations as
     ``_normalized``) lies in ``[0, U]``, ``U = psi(length - 1) / (psi(L) + eps)``. That
-    range is cut into ``G`` equal cells, the fewest (a power of two) with at most one break
-    inside each; a score's piece is the number of breaks up to its cell's start plus one
-    if it is past the cell's break. None when ``MAX_GRID`` cells do not separate them."""
+    range is cut into ``GRID_CELLS`` equal cells; a score's piece is the number of breaks
+    up to its cell's start plus one if it is past the cell's break. None when a cell holds
+    two breaks. Every table has a shape fixed by ``length``, ``H`` and ``hidden`` and
+    every number read is a tensor, so new parameters compile nothing new."""
     breaks, slopes, intercepts = (t.to(c.device) for t in fire.piecewise())
     dist = torch.arange(max(length, 1), dtype=work, device=c.device)
     psi = torch.log1p((c * dist).abs())  # [length]
     norm = torch.log1p((c * torch.maximum(dist, threshold)).abs()) + fire.eps  # [length]
     top = float((psi[-1] / (torch.log1p((c * threshold).abs()) + fire.eps)).item())
     top = max(top, 1e-30) * (1 + 1e-6)  # every reachable u lies below
-    cells = 64
-    while cells <= MAX_GRID:
-        edges = torch.arange(cells + 1, dtype=torch.float64, device=c.device) * (top / cells)
-        before = torch.searchsorted(breaks, edges[:-1], right=True)  # breaks <= start
-        inside = torch.searchsorted(breaks, edges[1:]) - before  # start < break < end
-        if int(inside.max()) <= 1:
-            break
-        cells *= 2
-    else:
+    edges = torch.arange(GRID_CELLS + 1, dtype=torch.float64, device=c.device)
+    edges = edges * (top / GRID_CELLS)
+    before = torch.searchsorted(breaks, edges[:-1], right=True)  # breaks <= start
+    inside = torch.searchsorted(breaks, edges[1:]) - before  # start < break < end
+    if int(inside.max()) > 1:
         return None
-    split = torch.full((cells,), float("inf"), dtype=torch.float64, device=c.device)
+    split = torch.full((GRID_CELLS,), float("inf"), dtype=torch.float64, device=c.device)
     split[inside > 0] = breaks[before[inside > 0]]
     split = split.to(work)
-    slopes, intercepts = slopes.to(work), intercepts.to(work)
-    scale = cells / top
+    pad = fire.hidden + 1 - slopes.shape[-1]  # pieces never read: one shape for all weights
+    slopes, intercepts = (nn.functional.pad(t, (0, pad)).to(work) for t in (slopes, intercepts))
+    scale = torch.tensor(GRID_CELLS / top, dtype=work, device=c.device)
 
     def score_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor):
         u = psi[torch.abs(q_idx - kv_idx)] / norm[q_idx]
-        cell = torch.clamp((u * scale).to(torch.int64), 0, cells - 1)
+        cell = torch.clamp((u * scale).to(torch.int64), 0, GRID_CELLS - 1)
         piece = before[cell] + (u >= split[cell]).to(torch.int64)
         return score + (slopes[h, piece] * u + intercepts[h, piece]).to(score.dtype)
 
