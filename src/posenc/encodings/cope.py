@@ -153,14 +153,14 @@ def _band_step(q: Tensor, k: Tensor, pos_emb: Tensor, width: int) -> tuple[Tenso
     """``cope_band_bias`` at one ``width``: the band ``[B, H, T, W]`` and whether every row
     from ``W`` on sums its gates to ``P - 1`` within it (a bool tensor).
 
-    One batched product over blocks of ``Tb = min(W, BAND_ROWS)`` queries gives both the
-    band's dot products and ``q . e``: each block against the ``W + Tb - 1`` keys it
-    reaches (an overlapping strided view of the keys, left-padded with ``W - 1`` zero rows,
-    keys before position 0, masked) followed by the ``P`` rows of ``e``. The keys are
-    taken in reverse order, and the blocks too (block ``n`` meets window
-    ``n_blocks - 1 - n``), so that the band ``[i, d] -> q_i . k_(i-d)`` is a view with
-    positive strides, which the compiled loops read in vectors. Its scores,
-    ``[B, H, T, W + Tb - 1 + P]``, are the peak memory: under twice the band's.
+    One batched product over blocks of ``Tb = min(W, BAND_ROWS)`` queries gives the band's
+    dot products: each block against the ``W + Tb - 1`` keys it reaches (an overlapping
+    strided view of the keys, left-padded with ``W - 1`` zero rows, keys before position
+    0, masked), read in place. The keys are taken in reverse order, and the blocks too
+    (block ``n`` meets window ``n_blocks - 1 - n``), so that the band
+    ``[i, d] -> q_i . k_(i-d)`` is a view with positive strides, which the compiled loops
+    read in vectors. Its scores, ``[B, H, T, W + Tb - 1]``, are the peak memory: under
+    twice the band's. ``q . e`` is a second, ``[B, H, T, P]`` product.
     """
     batch, heads, length, dim = q.shape
     npos = pos_emb.shape[0]
@@ -169,22 +169,20 @@ def _band_step(q: Tensor, k: Tensor, pos_emb: Tensor, width: int) -> tuple[Tenso
     blocks = (length + rows - 1) // rows
     tail = blocks * rows - length
     reach = width + rows - 1
-    q_blocks = nn.functional.pad(q * dim**-0.5, (0, 0, 0, tail))
+    q = q * dim**-0.5
+    q_blocks = nn.functional.pad(q, (0, 0, 0, tail))
     q_blocks = q_blocks.view(batch, heads, blocks, rows, dim).flip(2)  # last block first
     keys = nn.functional.pad(k, (0, 0, width - 1, tail)).flip(-2)  # [B, H, n rows + W - 1, D]
     windows = keys.as_strided(  # m: keys of block n - 1 - m, from its last one down
         (batch, heads, blocks, reach, dim), (*keys.stride()[:2], rows * dim, dim, 1)
     )
-    table = torch.cat((windows, pos_emb.expand(batch, heads, blocks, npos, dim)), -2)
-    scores = torch.matmul(q_blocks, table.transpose(-2, -1))  # [B, H, n, rows, R], last first
-    size = reach + npos  # R
+    scores = torch.matmul(q_blocks, windows.transpose(-2, -1))  # [B, H, n, rows, R], last first
     # row r of a block, column rows - 1 - r + d holds q_i . k_(i-d)
     dots = scores.as_strided(
-        (batch, heads, blocks, rows, width), (*scores.stride()[:3], size - 1, 1), rows - 1
+        (batch, heads, blocks, rows, width), (*scores.stride()[:3], reach - 1, 1), rows - 1
     ).flip(2)
     dots = dots.reshape(batch, heads, blocks * rows, width)[:, :, :length].to(work)
-    per_position = scores[..., reach:].flip(2).reshape(batch, heads, blocks * rows, npos)
-    per_position = per_position[:, :, :length].to(work)  # [B, H, T, P]
+    per_position = torch.matmul(q, pos_emb.T).to(work)  # [B, H, T, P]
     offsets = torch.arange(width, device=q.device)
     ahead = offsets > torch.arange(length, device=q.device)[:, None]  # key before 0
     sums = torch.sigmoid(dots).masked_fill(ahead, 0.0).cumsum(-1)  # [B, H, T, W]
