@@ -179,7 +179,7 @@ def test_double_backward_through_dropout_raises():
 
 def _fresh_table(position, q, k, masking):
     """The table built anew (the cache emptied first)."""
-    blocks._TABLES.pop(position, None)
+    blocks.TABLES.forget(position)
     return blocks.offset_table(position, q, k, masking)
 
 
@@ -219,9 +219,9 @@ def test_offset_table_with_gradients_is_built_every_call():
     q, k, v = _qkv(1, 16)
     pos = torch.arange(16)
     masking = Masking(True, pos, pos, aligned=True)
-    blocks._TABLES.pop(position, None)
+    blocks.TABLES.forget(position)
     first = blocks.offset_table(position, q, k, masking)
-    assert first.values.requires_grad and position not in blocks._TABLES
+    assert first.values.requires_grad and position not in blocks.TABLES
     out = attend(q, k, v, position=position, masking=masking, backend="chunked")
     out.sum().backward()
     assert all(p.grad is not None for p in position.parameters())

@@ -25,8 +25,7 @@ kernels have a backward that is not itself differentiable (used for double backw
 
 from __future__ import annotations
 
-import itertools
-import weakref
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from posenc.attention.masking import Masking
+from posenc.attention.reuse import EncodingCache
 from posenc.attention.sinks import sink_key, sink_softmax
 from posenc.base import PositionalEncoding, Site
 from posenc.encodings._relative import consecutive_runs
@@ -186,43 +186,14 @@ def offset_table(
     offset = 0 if masking.aligned else int(q_row[0]) - int(k_row[0])  # c
     if masking.causal and offset < 0:  # the first query would see no key
         return None
-    key = _cache_key(position, (offset, num_q, num_k, masking.causal, q.dtype, q.device))
-    cached = _TABLES.get(position) if key is not None else None
-    if cached is not None and cached[0] == key[0]:
-        return cached[2]
-    table = _build_offset_table(position, q, masking.causal, q_row, k_row, offset)
-    if key is not None:
-        _TABLES[position] = (key[0], key[1], table)
-    return table
+    shape = (offset, num_q, num_k, masking.causal, q.dtype, q.device)
+    causal = masking.causal
+    build = functools.partial(_build_offset_table, position, q, causal, q_row, k_row, offset)
+    return TABLES.get(position, shape, build)
 
 
-#: The last ``OffsetTable`` of each encoding, reused while nothing it depends on changed
-#: (``_cache_key``): a call of an encoding that serves many layers or steps at one length
-#: builds it once.
-_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _cache_key(position: PositionalEncoding, shape: tuple) -> tuple[tuple, tuple] | None:
-    """``(key, tensors)`` under which ``position``'s table for ``shape`` may be reused, or
-    None when it may not: a table that gradients flow through, or under ``torch.compile``.
-
-    The key holds the identity and version counter (bumped by every in-place change, an
-    optimizer step included) of every parameter, buffer and tensor attribute, and the
-    encoding's plain attributes; ``tensors`` keeps those tensors alive so that no
-    identity is reused."""
-    attrs = vars(position)
-    held = (v for v in attrs.values() if isinstance(v, Tensor))  # e.g. ALiBi's slopes
-    tensors = tuple(itertools.chain(position.parameters(), position.buffers(), held))
-    if torch.compiler.is_compiling():
-        return None
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        return None
-    try:
-        state = tuple((id(t), t._version) for t in tensors)
-    except RuntimeError:  # an inference tensor keeps no version counter
-        return None
-    plain = tuple((n, v) for n, v in attrs.items() if isinstance(v, (bool, int, float, str)))
-    return (shape, state, plain), tensors
+#: The last ``OffsetTable`` of each encoding, reused while the encoding is unchanged.
+TABLES = EncodingCache()
 
 
 def _build_offset_table(

@@ -90,6 +90,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 from posenc._compiling import static_compiled
 from posenc.attention.blocks import offset_table
 from posenc.attention.masking import Masking
+from posenc.attention.reuse import EncodingCache
 from posenc.attention.short import runs_short, short_attend
 from posenc.base import PositionalEncoding, Site
 from posenc.encodings._relative import band_dots
@@ -200,8 +201,8 @@ def flex_attend(
         values = offset_table(position, q, k, padded).values.detach()  # [H, 2 size - 1]
         band = _constant_tail_band(values[:, size - 1 :]) if masking.causal else None
         score_mod = _table_mod(values, size - 1) if band is None else _band_mod(band)
-    elif "length" in inspect.signature(position.score_mod).parameters:
-        score_mod = position.score_mod(length=size)  # tables up to the bucket (FIRE's)
+    elif "length" in inspect.signature(position.score_mod).parameters:  # FIRE's tables
+        score_mod = SCORE_MODS.get(position, (size, q.device), lambda: position.score_mod(size))
     else:
         score_mod = position.score_mod()
     mask = _block_mask(size, length, 0, masking.causal, q.device.type)
@@ -267,6 +268,10 @@ def _flex_attention():
 
     return flex_attention
 
+
+#: The ``score_mod`` built from tables up to a bucket's length (FIRE's), reused while the
+#: encoding is unchanged: building them costs a third of causal SDPA at 256 tokens.
+SCORE_MODS = EncodingCache()
 
 #: FlexAttention, compiled once per kernel and length bucket.
 _flex = static_compiled(_flex_attention)
