@@ -270,7 +270,8 @@ def _flex_attention():
 
 
 #: The ``score_mod`` built from tables up to a bucket's length (FIRE's), reused while the
-#: encoding is unchanged: building them costs a third of causal SDPA at 256 tokens.
+#: encoding is unchanged: building FIRE's took 0.49 ms, about half of a causal SDPA call
+#: at ``[1, 8, 256, 64]`` (0.93 ms).
 SCORE_MODS = EncodingCache()
 
 #: FlexAttention, compiled once per kernel and length bucket.
