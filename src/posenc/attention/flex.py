@@ -94,6 +94,7 @@ from posenc.attention.reuse import EncodingCache
 from posenc.attention.short import runs_short, short_attend
 from posenc.base import PositionalEncoding, Site
 from posenc.encodings._relative import band_dots
+from posenc.encodings.shaw import shaw_band_value
 
 __all__ = [
     "FLEX_MAX_BAND",
@@ -201,10 +202,8 @@ def flex_attend(
         values = offset_table(position, q, k, padded).values.detach()  # [H, 2 size - 1]
         band = _constant_tail_band(values[:, size - 1 :]) if masking.causal else None
         score_mod = _table_mod(values, size - 1) if band is None else _band_mod(band)
-    elif "length" in inspect.signature(position.score_mod).parameters:  # FIRE's tables
-        score_mod = SCORE_MODS.get(position, (size, q.device), lambda: position.score_mod(size))
     else:
-        score_mod = position.score_mod()
+        score_mod = SCORE_MODS.get(position, (size, q.device), lambda: _score_mod(position, size))
     mask = _block_mask(size, length, 0, masking.causal, q.device.type)
     out = _flex(q, k, v, score_mod=score_mod, block_mask=mask, scale=scale)
     return out[..., :length, :]
@@ -269,10 +268,19 @@ def _flex_attention():
     return flex_attention
 
 
-#: The ``score_mod`` built from tables up to a bucket's length (FIRE's), reused while the
-#: encoding is unchanged: building FIRE's took 0.49 ms, about half of a causal SDPA call
-#: at ``[1, 8, 256, 64]`` (0.93 ms).
+#: Each encoding's ``score_mod`` for a bucket, reused while the encoding is unchanged:
+#: building FIRE's tables took 0.49 ms, about half of a causal SDPA call at
+#: ``[1, 8, 256, 64]`` (0.93 ms).
 SCORE_MODS = EncodingCache()
+
+
+def _score_mod(position: PositionalEncoding, size: int):
+    """``position.score_mod``, given the bucket's length when it takes one (FIRE's
+    tables run up to it)."""
+    if "length" in inspect.signature(position.score_mod).parameters:
+        return position.score_mod(length=size)
+    return position.score_mod()
+
 
 #: FlexAttention, compiled once per kernel and length bucket.
 _flex = static_compiled(_flex_attention)
@@ -322,13 +330,11 @@ def _shaw_band_eager(
 def _shaw_value_eager(out: Tensor, band: Tensor, top: Tensor, value_table: Tensor) -> Tensor:
     """The output from the phantom-key call ``out [B, H, T, D + 1]``: renormalized, plus
     the value term of the band's probabilities (see the module docstring)."""
-    dim, clip = out.shape[-1] - 1, band.shape[-1]
+    dim = out.shape[-1] - 1
     p0 = out[..., dim:]  # [B, H, T, 1]
     rest = 1.0 - p0
     probs = torch.exp(band - top[..., None]) * (p0 / rest)  # [B, H, T, K]
-    near = clip - torch.arange(clip, device=out.device)
-    steps = value_table[near] - value_table[0]  # [K, D]
-    return out[..., :dim] / rest + value_table[0] + torch.matmul(probs, steps)
+    return out[..., :dim] / rest + shaw_band_value(probs, value_table)
 
 
 _shaw_band = static_compiled(lambda: _shaw_band_eager, fullgraph=True)

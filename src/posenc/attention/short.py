@@ -24,6 +24,7 @@ from posenc._compiling import static_compiled
 from posenc._dtypes import compute_dtype
 from posenc.base import PositionalEncoding
 from posenc.encodings.cope import _interpolate
+from posenc.encodings.shaw import shaw_band_value
 
 __all__ = ["SHORT_MAX", "SHORT_MAX_SCORES", "runs_short", "short_attend"]
 
@@ -61,10 +62,11 @@ def short_attend(
     return torch.matmul(probs, v.flip(-2)) + _shaw_values(probs, value_table)
 
 
-def _causal(length: int, device: torch.device) -> Tensor:
-    """``[T, T]``: key ``j`` visible to query ``i`` iff ``j <= i``."""
+def _reversed(length: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """The geometry of keys taken in reverse order: ``rows [T, 1]``, the query positions,
+    and ``keys [T]``, the position of the key at each column ``c`` (``T - 1 - c``)."""
     index = torch.arange(length, device=device)
-    return index[None, :] <= index[:, None]
+    return index[:, None], length - 1 - index
 
 
 def _cope_logits_eager(q: Tensor, k: Tensor, pos_emb: Tensor, scale: float) -> Tensor:
@@ -76,8 +78,9 @@ def _cope_logits_eager(q: Tensor, k: Tensor, pos_emb: Tensor, scale: float) -> T
     the softmax's passes."""
     length, dim, npos = q.shape[-2], q.shape[-1], pos_emb.shape[0]
     work = compute_dtype(q.dtype)
+    rows, keys = _reversed(length, q.device)
+    visible = keys <= rows  # [T, T]
     dots = torch.matmul(q, k.flip(-2).transpose(-2, -1)).to(work)  # [B, H, T, T]
-    visible = _causal(length, q.device).flip(-1)  # key T - 1 - c at c
     gates = torch.sigmoid(dots * dim**-0.5) * visible
     positions = gates.cumsum(-1).clamp(max=npos - 1)
     per_position = torch.matmul(q, pos_emb.T).to(work) * dim**-0.5  # [B, H, T, P]
@@ -89,8 +92,7 @@ def _shaw_logits_eager(q: Tensor, k: Tensor, key_table: Tensor, scale: float) ->
     """Shaw's masked logits over the keys in reverse order: the scores plus the key term,
     gathered from the ``2K + 1`` per-offset products ``q_i . w^K[r] / sqrt(D)``."""
     length, dim, clip = q.shape[-2], q.shape[-1], (key_table.shape[0] - 1) // 2
-    rows = torch.arange(length, device=q.device)[:, None]
-    keys = length - 1 - torch.arange(length, device=q.device)  # the position at each c
+    rows, keys = _reversed(length, q.device)
     offset = (keys - rows).clamp(-clip, clip) + clip  # [T, T]: the row of w^K
     per_offset = torch.matmul(q, key_table.T) * dim**-0.5  # [B, H, T, 2K + 1]
     key_term = per_offset.gather(-1, offset.expand(*q.shape[:2], length, length))
@@ -99,18 +101,15 @@ def _shaw_logits_eager(q: Tensor, k: Tensor, key_table: Tensor, scale: float) ->
 
 
 def _shaw_values_eager(probs: Tensor, value_table: Tensor) -> Tensor:
-    """Shaw's value term from ``probs [B, H, T, T]`` over the keys in reverse order:
-    ``w^V[0] + sum_d p_i,i-d (w^V[K - d] - w^V[0])`` over the ``K`` keys nearest the
-    diagonal (row ``K - d`` of ``w^V`` is offset ``-d``; every farther key shares row 0,
-    offset ``-K``)."""
+    """Shaw's value term from ``probs [B, H, T, T]`` over the keys in reverse order: the
+    probabilities of the ``K`` keys nearest the diagonal (``shaw_band_value``)."""
     length, clip = probs.shape[-1], (value_table.shape[0] - 1) // 2
-    rows = torch.arange(length, device=probs.device)[:, None]
+    rows, _ = _reversed(length, probs.device)
     near = torch.arange(clip, device=probs.device)  # d: key i - d at c = T - 1 - i + d
     column = (length - 1 - rows + near).clamp(max=length - 1)  # [T, K]
     band = probs.gather(-1, column.expand(*probs.shape[:2], length, clip))
     band = band.masked_fill(near > rows, 0.0)  # keys before position 0
-    steps = value_table[clip - near] - value_table[0]
-    return value_table[0] + torch.matmul(band, steps)
+    return shaw_band_value(band, value_table)
 
 
 _cope_logits = static_compiled(lambda: _cope_logits_eager, fullgraph=True)

@@ -4,11 +4,13 @@ glibc's ``malloc`` hands large freed blocks back to the kernel (``munmap`` for b
 over its mmap threshold, a trim of the heap's top past its trim threshold), so a call
 that allocates and frees a few MiB of temporaries each time pays page faults on every
 call. On a virtual machine a fault costs far more than on bare metal: on the 2-core VM
-of the recorded benchmarks, a fresh 8 MiB tensor first written by a softmax cost 5 ms
-where the same softmax over a kept buffer took 0.6 ms. SDPA allocates only its output,
-so this cost lands on the attention paths that write ``[B, H, T, W]`` temporaries
-(CoPE's band, Shaw's and CoPE's one-graph forms): at ``[1, 8, 512, 64]``, CoPE took
-3.2x causal SDPA with glibc's defaults and 2.5x with freed memory kept.
+of the recorded benchmarks, a copy of an ``[8, 512, 512]`` float32 tensor, its softmax
+and a product with the values took 8.1-8.6 ms with the softmax written into a fresh
+8 MiB tensor and 2.3-2.4 ms with it written over the copy. SDPA allocates only its
+output, so this cost lands on the attention paths that write ``[B, H, T, W]``
+temporaries (CoPE's band, Shaw's and CoPE's one-graph forms): at ``[1, 8, 512, 64]``,
+eight runs of CoPE's one-graph form took 2.15-3.97x causal SDPA with glibc's defaults
+and 2.06-2.56x with freed memory kept.
 
 ``keep_freed_memory`` sets the two thresholds (``mallopt``) so that freed memory stays
 in the process, as jemalloc and tcmalloc do and as PyTorch's CPU performance guide

@@ -39,14 +39,17 @@ from posenc.encodings._relative import (
 __all__ = ["FIRE", "fire_bias", "fire_normalized_distance"]
 
 
+def _psi(x: Tensor, c: Tensor) -> Tensor:
+    """``psi(x) = log(|c x| + 1)``."""
+    return torch.log1p((c * x).abs())
+
+
 def _normalized(q: Tensor, k: Tensor, c: Tensor, threshold: Tensor, eps: float) -> Tensor:
     """``psi(|q - k|) / (psi(max(L, q)) + eps)`` for broadcastable positions ``q``, ``k``."""
     dtype = c.dtype
     integer = not (q.is_floating_point() or k.is_floating_point())
     d = (q.to(torch.int64) - k.to(torch.int64)).to(dtype) if integer else q.to(dtype) - k.to(dtype)
-    numerator = torch.log1p((c * d).abs())
-    normalizer = torch.log1p((c * torch.maximum(q.to(dtype), threshold)).abs()) + eps
-    return numerator / normalizer
+    return _psi(d, c) / (_psi(torch.maximum(q.to(dtype), threshold), c) + eps)
 
 
 def fire_normalized_distance(
@@ -232,9 +235,9 @@ def _grid_score_mod(
     every number read is a tensor, so new parameters compile nothing new."""
     breaks, slopes, intercepts = (t.to(c.device) for t in fire.piecewise())
     dist = torch.arange(max(length, 1), dtype=work, device=c.device)
-    psi = torch.log1p((c * dist).abs())  # [length]
-    norm = torch.log1p((c * torch.maximum(dist, threshold)).abs()) + fire.eps  # [length]
-    top = float((psi[-1] / (torch.log1p((c * threshold).abs()) + fire.eps)).item())
+    psi = _psi(dist, c)  # [length]
+    norm = _psi(torch.maximum(dist, threshold), c) + fire.eps  # [length]
+    top = float((psi[-1] / (_psi(threshold, c) + fire.eps)).item())
     top = max(top, 1e-30) * (1 + 1e-6)  # every reachable u lies below
     edges = torch.arange(GRID_CELLS + 1, dtype=torch.float64, device=c.device)
     edges = edges * (top / GRID_CELLS)

@@ -39,6 +39,7 @@ from posenc.encodings._relative import (
 
 __all__ = [
     "ShawRelativePosition",
+    "shaw_band_value",
     "shaw_relative_index",
     "shaw_score_bias",
     "shaw_value_term",
@@ -134,6 +135,25 @@ def shaw_value_term(probs: Tensor, q_pos: Tensor, k_pos: Tensor, value_table: Te
     buckets = probs.new_zeros((*probs.shape[:-1], 2 * clip + 1), dtype=work)
     buckets = buckets.scatter_add(-1, index, probs.to(work))  # [B, H, Tq, 2K + 1]
     return torch.matmul(buckets, value_table.to(work)).to(probs.dtype)
+
+
+def shaw_band_value(band: Tensor, value_table: Tensor) -> Tensor:
+    """Shaw's value term under a causal mask at consecutive positions, from the
+    probabilities of the ``K`` keys nearest the diagonal: ``band [..., T, K]`` holds
+    ``p_(i, i-d)`` at ``d`` (0 for ``d > i``). Row ``K - d`` of ``w^V`` is offset ``-d`` and
+    every farther key shares row 0 (offset ``-K``), so, the probabilities summing to 1,
+    ``sum_j p_ij w^V[clip(j - i)] = w^V[0] + sum_d p_(i, i-d) (w^V[K - d] - w^V[0])``.
+
+    Args:
+        band: ``[..., T, K]`` probabilities.
+        value_table: ``w^V [2K + 1, D]``.
+
+    Returns:
+        ``[..., T, D]``.
+    """
+    clip = band.shape[-1]
+    near = clip - torch.arange(clip, device=band.device)  # rows K - d
+    return value_table[0] + torch.matmul(band, value_table[near] - value_table[0])
 
 
 @register(
