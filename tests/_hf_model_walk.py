@@ -92,6 +92,8 @@ FIELDS: dict[str, dict] = {
     },
     "zamba2": {"mamba_headdim": 16, "attention_hidden_size": 128, "attention_head_dim": 32},
     "zaya": {"num_experts_per_tok": 1},  # ZAYA routes each token to one expert
+    # Dory's four layers (three sliding, one full) as blocks: one input, two looped, one output
+    "dory": {"n_input_layers": 2, "n_recurrent_layers": 4, "n_output_layers": 2},
     "dots1": {"n_shared_experts": 1},
     "lfm2_moe": {"layer_types": ["conv", "full_attention"], "num_dense_layers": 1},
     # DBRX names its sizes d_model / n_heads and nests them; its attention module reads
@@ -170,9 +172,11 @@ def tiny_config(model_type: str):
         if kind not in kinds[:index]:
             count = max(count, index + 1)
     values = text.to_dict()
+    # Dory's dict lists each layer as two blocks (attention, "mlp") and counts them so
+    blocks = 2 if len(values.get("layer_types") or ()) == 2 * layers else 1
     for key, value in list(values.items()):
-        if isinstance(value, list) and len(value) == layers:
-            values[key] = value[:count]  # per-layer lists: layer_types, no_rope_layers ...
+        if isinstance(value, list) and len(value) == blocks * layers:
+            values[key] = value[: blocks * count]  # per-layer lists: layer_types, ...
     values.update({k: v for k, v in TINY.items() if k in values})
     if "qk_rope_head_dim" in values:  # MLA: the rotated part of each head
         values["head_dim"] = values["qk_rope_head_dim"]
@@ -185,7 +189,7 @@ def tiny_config(model_type: str):
         layer_keys = {k: v for k, v in values["per_layer_config"].items() if int(k) < count}
         values["per_layer_config"] = layer_keys
     values.update(FIELDS.get(model_type, {}))
-    values["num_hidden_layers"] = count
+    values["num_hidden_layers"] = blocks * count
     values.pop("transformers_version", None)
     return type(text).from_dict(values)
 

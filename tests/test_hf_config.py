@@ -107,6 +107,48 @@ def test_gemma3_config_json_plan_equals_transformers_config(tf):
     assert [e.base for e in raw[:6]] == [1e4] * 5 + [1e6]
 
 
+def _dory_blocks(kinds: list[str]) -> dict:
+    """A Dory config.json's position fields: each layer an attention block, then "mlp"."""
+    blocks = [block for kind in kinds for block in (kind, "mlp")]
+    return {  # one input layer, one output layer, the others looped (counted in blocks)
+        "model_type": "dory",
+        "num_hidden_layers": len(blocks),
+        "layer_types": blocks,
+        "n_input_layers": 2,
+        "n_recurrent_layers": len(blocks) - 4,
+        "n_output_layers": 2,
+        "head_dim": 64,
+    }
+
+
+def test_dory_blocks_are_read_as_its_config_class_reads_them(tf):
+    from transformers.models.dory import modeling_dory
+
+    kinds = ["sliding_attention"] * 3 + ["full_attention"] + ["sliding_attention"] * 2
+    raw = _dory_blocks(kinds)
+    config = tf.DoryConfig(**{k: v for k, v in raw.items() if k != "model_type"})
+    assert config.layer_types == kinds  # the class halves what the file lists
+    rotary = modeling_dory.DoryRotaryEmbedding(config)
+    for plan in (layer_plan(raw), layer_plan(config)):  # the file and the object alike
+        assert len(plan) == len(kinds)
+        for kind, encoding in zip(kinds, plan, strict=True):
+            theirs = getattr(rotary, f"{kind}_inv_freq")
+            torch.testing.assert_close(
+                encoding.inv_freq.float(), theirs, **inv_freq_tol(encoding.base)
+            )
+
+
+def test_dory_blocks_that_do_not_alternate_are_refused(monkeypatch):
+    monkeypatch.setattr(posenc.hf.normalize, "config_class", lambda model_type: None)
+    raw = _dory_blocks(["sliding_attention", "full_attention"])
+    raw["layer_types"] = ["sliding_attention", "full_attention", "mlp", "mlp"]
+    with pytest.raises(ValueError, match=r"'dory' lists each layer as an attention block"):
+        layer_plan(raw)
+    raw = {**_dory_blocks(["sliding_attention", "full_attention"]), "num_hidden_layers": 2}
+    with pytest.raises(ValueError, match=r"num_hidden_layers=2 does not count the 4 blocks"):
+        layer_plan(raw)
+
+
 @pytest.mark.parametrize("interleave", [True, False])
 def test_deepseek_rope_interleave_sets_the_layout(interleave):
     config = {

@@ -40,12 +40,6 @@ NOT_BUILT = {
         r"unsupported operand type\(s\) for //: 'NoneType'",
         "its default config leaves the sparse indexer's sizes unset",
     ),
-    "dory": (
-        StrictDataclassClassValidationError,
-        r"n_input_layers \+ n_recurrent_layers \+ n_output_layers",
-        "its dict form counts attention and MLP blocks as layers (twice the layers, and a "
-        "layer_types twice as long), which the walk's shrinking does not follow",
-    ),
     "dots3_note_text": (
         StrictDataclassClassValidationError,
         "num_key_value_heads must match num_attention_heads",

@@ -153,7 +153,32 @@ def config_family(config: object) -> tuple[dict[str, Any], Family]:
         cfg = as_config_dict(sub)
     if "model_type" not in cfg:
         return cfg, Family()  # a hand-written dict: Llama-style
-    return cfg, family(cfg["model_type"])
+    fam = family(cfg["model_type"])
+    return (_attention_blocks(cfg) if fam.mlp_blocks else cfg), fam
+
+
+def _attention_blocks(cfg: dict[str, Any]) -> dict[str, Any]:
+    """A config listing each layer as (attention, ``"mlp"``) blocks read as its config class
+    reads it: the attention blocks' types, half of ``num_hidden_layers`` (``Family.mlp_blocks``).
+
+    Raises:
+        ValueError: ``layer_types`` that do not alternate attention and ``"mlp"`` blocks.
+    """
+    kinds = cfg.get("layer_types")
+    if not kinds or "mlp" not in kinds:
+        return cfg  # already one entry per layer, as the class keeps it
+    attention, mlp = list(kinds[::2]), list(kinds[1::2])
+    if len(attention) != len(mlp) or set(mlp) != {"mlp"} or "mlp" in attention:
+        raise ValueError(
+            f"model_type {cfg['model_type']!r} lists each layer as an attention block then an "
+            f"'mlp' block; layer_types {kinds!r:.120} do not alternate so"
+        )
+    layers = cfg.get("num_hidden_layers", len(kinds))
+    if layers != len(kinds):
+        raise ValueError(
+            f"num_hidden_layers={layers!r} does not count the {len(kinds)} blocks of layer_types"
+        )
+    return {**cfg, "layer_types": attention, "num_hidden_layers": len(attention)}
 
 
 def _first(*values: object) -> Any:

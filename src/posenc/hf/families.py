@@ -33,7 +33,11 @@ Shapes: ``D`` head_dim, ``R`` rotary dim. One ``Family`` per ``model_type`` says
   base (``posenc.encodings.rotary.ntk_alpha``), as the family's rotary module reads it;
 * ``mscales``: LongRoPE as Phi-3.5-MoE's rotary module computes it: the short factors at
   every length (it never passes the length to them), the attention scale ``short_mscale``
-  up to ``L0`` and ``long_mscale`` beyond; other families' modules ignore those two keys.
+  up to ``L0`` and ``long_mscale`` beyond; other families' modules ignore those two keys;
+* ``mlp_blocks``: the config lists each decoder layer as two blocks, attention then
+  ``"mlp"`` (Dory's released ``config.json``, and what its config class's ``to_dict``
+  writes): ``layer_types`` and the layer counts are read as its config class reads them,
+  every second entry and half the count (``posenc.hf.config.config_family``).
 
 ``FAMILIES`` is the table; ``family(model_type)`` looks it up and names the way out (pass
 the layout explicitly to ``posenc.RotaryEmbedding``) for a ``model_type`` it lacks.
@@ -69,9 +73,11 @@ class Family:
     clockwise: bool = False
     ntk_alpha: bool = False
     mscales: bool = False
+    mlp_blocks: bool = False
 
     def __post_init__(self) -> None:
         check_bool("clockwise", self.clockwise)
+        check_bool("mlp_blocks", self.mlp_blocks)
         check_bool("ntk_alpha", self.ntk_alpha)
         check_bool("mscales", self.mscales)
         if self.layout not in LAYOUTS:
@@ -93,6 +99,8 @@ class Family:
             parts.append("ntk_alpha")
         if self.mscales:
             parts.append("mscales")
+        if self.mlp_blocks:
+            parts.append("mlp_blocks")
         return ", ".join(parts)
 
 
@@ -225,6 +233,9 @@ FAMILIES: dict[str, Family] = {
     "minimax_m2": Family(fields=frozenset({"rotary_dim"})),
     "phimoe": Family(mscales=True),
     "hy_v4": Family(head_dim=("qk_rope_head_dim",), fields=frozenset({"qk_rope_head_dim"})),
+    # Hy4-VL's text tower: Qwen3-VL's cyclic M-RoPE on adjacent pairs (GLM's rotation), over
+    # the rotated part of its MLA heads (head_dim, which its rotary module reads)
+    "hy_v4_vl_text": Family(scheme="hy_v4_mrope", fields=frozenset({"qk_rope_head_dim"})),
     "molmo2_text": Family(layers="rope_scaling_layers", fields=frozenset({"rope_scaling_layers"})),
     "minicpm3": Family(head_dim=("qk_rope_head_dim",), fields=frozenset({"qk_rope_head_dim"})),
     "mistral_large4_text": Family(
@@ -251,6 +262,7 @@ FAMILIES: dict[str, Family] = {
     ),
     "esm": Family(fields=frozenset({"position_embedding_type"})),
     "deepseek_v4": Family(scheme="deepseek_v4"),
+    "dory": Family(mlp_blocks=True),  # nGPT, looped: every layer rotates, by its layer type
     "nanochat": Family(clockwise=True),  # rotate_half with flipped signs: by -theta
     **dict.fromkeys(("hunyuan_v1_dense", "hunyuan_v1_moe"), Family(ntk_alpha=True)),
     "evolla": Family(fields=frozenset({"position_embedding_type"})),

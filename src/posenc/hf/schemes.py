@@ -17,6 +17,8 @@ mrope_interleaved  Qwen3-VL, Cosmos 3 Edge, Qwen3-Omni thinker and talker, MRoPE
                    layer types)
 qwen3_5_mrope      Qwen3.5, Qwen4-Exp (cyclic sections, partial rotary)    MRoPE
 glm4v_mrope        GLM-4V, GLM-OCR (blocks, adjacent pairs, partial)       MRoPE
+hy_v4_mrope        Hy4-VL text (cyclic sections, adjacent pairs; the       MRoPE
+                   rotated part of MLA heads, ``head_dim``)
 glm_mrope          GLM-4.5V, GLM-Image (blocks, half-split, partial rotary) MRoPE
 ernie_mrope        ERNIE 4.5-VL (``mrope_section`` = (h, w, t), h == w:    MRoPE
                    the first 2h pairs alternate height, width, the rest
@@ -51,14 +53,14 @@ temperature        Ministral 3 (RoPE), Mistral 4 (MLA): + query temperature Comp
 
 A composite model's config is read through its ``text_config`` (an Omni model's through
 ``thinker_config``, then its ``text_config``; ``vision_config`` for the vision schemes).
-Read fields: ``rope_parameters`` (v5) or ``rope_scaling`` (v4) with ``rope_theta`` inside
-or at the top level; per-layer-type dicts need ``layer_type``; M-RoPE's ``mrope_section``
+Read fields: ``rope_parameters`` (v5) or ``rope_scaling`` (v4) with ``rope_theta`` inside or
+at the top level; per-layer-type dicts need ``layer_type``; M-RoPE's ``mrope_section``
 (default the family's: ``[16, 24, 24]``, ``[24, 20, 20]``, ``[11, 11, 10]``,
-``[8, 12, 12]``, ERNIE's ``[22, 22, 20]``), ``mrope_interleaved`` and Qwen3-Omni's
-``interleaved`` (must agree with the scheme) and ``partial_rotary_factor`` (in the dict or
-at the top level); a layer type whose rope parameters are None is NoPE; the legacy
-``type: "mrope"`` means the default frequencies. Any other key of the rope dict goes to the
-frequency scaling, which raises on a key it does not know (never ignored). Head dims:
+``[8, 12, 12]``, Hy4-VL's ``[12, 10, 10]``, ERNIE's ``[22, 22, 20]``), ``mrope_interleaved`` and
+Qwen3-Omni's ``interleaved`` (must agree with the scheme) and ``partial_rotary_factor`` (in
+the dict or at the top level); a layer type whose rope parameters are None is NoPE; the
+legacy ``type: "mrope"`` means the default frequencies. Any other key of the rope dict goes
+to the frequency scaling, which raises on a key it does not know (never ignored). Head dims:
 ``head_dim``, else ``hidden_size // num_attention_heads`` (vision: ``embed_dim //
 num_heads`` when present);
 Gemma 4 layers with their own ``head_dim`` in ``per_layer_config``. DINOv3's
@@ -489,6 +491,7 @@ SCHEMES: dict[str, Builder] = {
     "mrope_interleaved": _mrope([24, 20, 20], cyclic=True, interleaved=False),
     "qwen3_5_mrope": _mrope([11, 11, 10], cyclic=True, interleaved=False),
     "glm4v_mrope": _mrope([8, 12, 12], cyclic=False, interleaved=True),
+    "hy_v4_mrope": _mrope([12, 10, 10], cyclic=True, interleaved=True),
     "glm_mrope": _mrope([8, 12, 12], cyclic=False, interleaved=False),
     "ernie_mrope": _ernie_mrope,
     "neomme_mrope": _neomme_mrope,
