@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import posenc
-from _ranks import write_gathered
+from _ranks import finish, write_gathered
 from posenc.parallel import head_tail_layout
 
 B, H, T, D = 1, 2, 256, 8  # the block mask needs T divisible by world * 128
@@ -92,7 +92,7 @@ def main(rank: int, world: int, port: str, out: Path) -> None:
     found = {"sdpa_error": _sdpa_error(mesh, q, k, v)}
     found["flex_difference"] = _flex_difference(mesh, rank, world, q, k, v)
     write_gathered(found, out)
-    dist.destroy_process_group()
+    finish()
 
 
 if __name__ == "__main__":

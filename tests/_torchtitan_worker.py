@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 import posenc
-from _ranks import write_gathered
+from _ranks import finish, write_gathered
 from posenc.parallel import head_tail_layout, torchtitan_freqs_cis
 
 B, T, H, D = 2, 32, 2, 16
@@ -59,7 +59,7 @@ def main(rank: int, world: int, port: str, out: Path) -> None:
         "table_vs_complex_rope": (looked_up - theirs).abs().max().item(),
     }
     write_gathered(errors, out)
-    dist.destroy_process_group()
+    finish()
 
 
 if __name__ == "__main__":
