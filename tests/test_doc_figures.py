@@ -26,6 +26,7 @@ ROPE_LOAD = ("rope-2cpu-load2-r13.json", "rope-2cpu-load2-r13b.json")
 ATTENTION = tuple(f"attention-2cpu-quiet-{r}.json" for r in ("r14", "r13", "r12b", "r12c"))
 ATTENTION_8_HEADS = ("attention-2cpu-quiet-r16.json",)
 ATTENTION_8_HEADS_KEPT = ("attention-2cpu-quiet-kept-r16.json",)
+ATTENTION_8_HEADS_LOAD = ("attention-2cpu-load2-kept-r17.json",)
 MODULE = "rope-module-2cpu-load7.json"
 H200 = "cuda-h200/triton-rope-h200.json"
 H200_BEFORE = "cuda-h200/triton-rope-h200-previous-interleaved.json"
@@ -201,6 +202,36 @@ CLAIMS = [
         rf"Shaw {FIGURE}× at 512",
         _attention_at("512", "shaw", records=ATTENTION_8_HEADS),
     ),
+    Claim(
+        README,
+        rf"CoPE takes {FIGURE}× at 256 tokens",
+        _attention_at("256", "cope", records=ATTENTION_8_HEADS_LOAD),
+    ),
+    Claim(
+        PERF,
+        rf"compiled forms cross it once per loop nest, and they cost {FIGURE}× causal SDPA",
+        lambda: [
+            v
+            for n in ("cope", "shaw")
+            for v in _attention_at("256", n, records=ATTENTION_8_HEADS_LOAD)()
+        ],
+    ),
+    Claim(
+        PERF,
+        rf"FIRE's {FIGURE}× at 256 tokens is the baseline's",
+        _attention_at("256", "fire", records=ATTENTION_8_HEADS_LOAD),
+    ),
+    Claim(
+        PERF,
+        rf"The A/A control of causal SDPA spread up to {FIGURE}× here",
+        lambda: [
+            max(
+                t["baseline_spread"]
+                for t in _record(ATTENTION_8_HEADS_LOAD[0])["targets"]
+                if _median("attention T=")(t["name"])
+            )
+        ],
+    ),
 ]
 
 #: The columns of performance.md's bias-attention tables, as the records name them.
@@ -211,6 +242,7 @@ ATTENTION_TABLES = (
     (("2048", "4096", "8192"), ATTENTION, "Every median meets its target"),
     (("256", "512", "1024", "2048", "4096", "8192"), ATTENTION_8_HEADS_KEPT, "All 42 of the 42"),
     (("256", "512", "1024", "2048", "4096", "8192"), ATTENTION_8_HEADS, "With glibc's own"),
+    (("256", "512", "1024", "2048", "4096", "8192"), ATTENTION_8_HEADS_LOAD, "Under load, 26"),
 )
 for _lengths, _records, _after in ATTENTION_TABLES:
     for _t in _lengths:
@@ -278,3 +310,23 @@ def test_the_module_target_said_met_is_met_at_every_shape():
     medians = [t for t in _record(MODULE)["targets"] if _median("÷ apply_rope")(t["name"])]
     assert len(medians) == 4 and all(t["met"] and t["limit"] == 1.1 for t in medians)
     assert "(target ≤ 1.1×, met at every\nshape)" in (ROOT / PERF).read_text()
+
+
+@pytest.mark.parametrize(
+    ("record", "sentence"),
+    [
+        (ATTENTION_8_HEADS_KEPT[0], "All {m} of the {n} medians meet their limit with freed memory "
+         "kept, and {x} of the {n} maxima"),
+        (ATTENTION_8_HEADS[0], "With glibc's own thresholds, {m} of the {n} medians meet their "
+         "limit"),
+        (ATTENTION_8_HEADS_LOAD[0], "Under load, {m} of the {n} medians meet their limit, and "
+         "{x} of the {n} maxima do"),
+    ],
+)  # fmt: skip
+def test_the_counts_of_targets_met_are_the_records(record, sentence):
+    targets = [t for t in _record(record)["targets"] if t["name"].startswith("attention T=")]
+    medians = [t for t in targets if "(max)" not in t["name"]]
+    maxima = [t for t in targets if "(max)" in t["name"]]
+    counts = {"m": sum(t["met"] for t in medians), "x": sum(t["met"] for t in maxima)}
+    text = " ".join((ROOT / PERF).read_text().split())
+    assert sentence.format(n=len(medians), **counts) in text
