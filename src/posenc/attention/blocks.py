@@ -186,8 +186,8 @@ def offset_table(
     offset = 0 if masking.aligned else int(q_row[0]) - int(k_row[0])  # c
     if masking.causal and offset < 0:  # the first query would see no key
         return None
-    shape = (offset, num_q, num_k, masking.causal, q.dtype, q.device)
     causal = masking.causal
+    shape = (offset, num_q, num_k, causal, q.dtype, q.device)
     build = functools.partial(_build_offset_table, position, q, causal, q_row, k_row, offset)
     return TABLES.get(position, shape, build)
 

@@ -133,8 +133,8 @@ def attention_groups(*, quick: bool, repeats: int, warmup: int) -> list[Group]:
         pos = torch.arange(length)
         masking = Masking(True, pos, pos, aligned=True)
         sdpa = functools.partial(F.scaled_dot_product_attention, *qkv, is_causal=True)
-        info_ = {"T": length, "heads": CORE_HEADS, "head_dim": HEAD_DIM, "dtype": "float32"}
-        info_ |= {"core": True}
+        info_ = {"T": length, "heads": CORE_HEADS, "head_dim": HEAD_DIM, "dtype": "float32",
+                 "core": True}  # fmt: skip
         for name in BIAS_LIMITS:
             torch.manual_seed(0)
             shape = {
